@@ -1,0 +1,486 @@
+"""Public API (SPEC 11): validate (SPEC 10), pick a backend, dispatch.
+
+Every operation takes ``backend="auto" | "reference" | "triton"``; "auto" is Triton for CUDA
+tensors and the reference otherwise. Tensors stay on the caller's device. Eager calls check
+device values too (they may sync); ``DecodeIndexerWrapper.run`` checks metadata only and relies
+on its ``plan()``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from . import validation as v
+from .constants import HEAD_DIM, PAGE_BYTES, PAGE_SIZE, TOPK
+from .reference.paging import history_pages
+
+__all__ = [
+    "PAGE_SIZE", "HEAD_DIM", "TOPK", "PAGE_BYTES", "encode_e4m3", "quantize_nvfp4",
+    "dequantize_nvfp4", "new_index_cache", "write_index_k", "read_index_k", "insert_index_k",
+    "prepare_index_q", "gather_index_k_fp8", "page_scores", "decode_indexer", "prefill_indexer",
+    "DecodeIndexerWrapper", "max_gather_pages",
+]
+
+
+def _triton(module: str):
+    """Import ``nvfp4_indexer.triton.<module>`` lazily (Triton is only needed when used)."""
+    import importlib
+    return importlib.import_module(f"{__package__}.triton.{module}")
+
+
+def encode_e4m3(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """Encode floats to E4M3, round-to-nearest-even, saturating (SPEC 1.1).
+
+    Args:
+        x: float32/float16/bfloat16 tensor, any shape (fp16/bf16 are converted to fp32 first).
+    Returns:
+        ``float8_e4m3fn`` tensor of ``x``'s shape: beyond +-448 and +-inf give +-448, NaN gives
+        byte 0x7F, -0.0 gives 0x80.
+    Raises:
+        TypeError / ValueError: ``x`` is not a float tensor of a supported dtype.
+    """
+    v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES)
+    if v.check_backend(backend, x.device) == "triton":
+        return _triton("encode").encode_e4m3(x)
+    return ref.encode_e4m3(x)
+
+
+def quantize_nvfp4(x: torch.Tensor, *, backend: str = "auto"):
+    """NVFP4 block quantization, 16 values per E4M3 scale (SPEC 1.3).
+
+    Args:
+        x: float32/float16/bfloat16 ``[..., 128]``.
+    Returns:
+        ``(codes uint8 [..., 64], scales float8_e4m3fn [..., 8])``; dim 2i is the low nibble
+        and dim 2i+1 the high nibble of code byte i.
+    Raises:
+        ValueError: wrong dtype or last dim not 128.
+    """
+    v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] != HEAD_DIM:
+        v.fail("x", f"shape [..., {HEAD_DIM}]", f"shape {tuple(x.shape)}")
+    if v.check_backend(backend, x.device) == "triton":
+        return _triton("quantize").quantize_nvfp4(x)
+    return ref.quantize_nvfp4(x)
+
+
+def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor,
+                     dtype: torch.dtype = torch.float8_e4m3fn, *, backend: str = "auto"):
+    """Dequantize NVFP4 vectors (SPEC 1.4).
+
+    Args:
+        codes: uint8 ``[..., 64]``; scales: ``float8_e4m3fn`` (or uint8 bytes) ``[..., 8]``.
+        dtype: ``float8_e4m3fn`` gives ``encode_e4m3(e2m1 * scale)`` (what scorers score);
+            ``float32`` gives the exact product.
+    Returns:
+        ``[..., 128]`` tensor of ``dtype``.
+    Raises:
+        ValueError: shapes or dtypes; NotImplementedError: another ``dtype``.
+    """
+    v.check_scales_codes(codes, scales)
+    if dtype not in (torch.float8_e4m3fn, torch.float32):
+        raise NotImplementedError(f"dtype: expected torch.float8_e4m3fn or torch.float32, "
+                                  f"got {dtype}")
+    if v.check_backend(backend, codes.device) == "triton":
+        return _triton("dequantize").dequantize_nvfp4(codes, scales, dtype)
+    return ref.dequantize_nvfp4(codes, scales, dtype)
+
+
+def new_index_cache(num_blocks: int, device=None, page_stride: int = PAGE_BYTES) -> torch.Tensor:
+    """Allocate a zeroed paged index-K cache (SPEC 2).
+
+    Args:
+        num_blocks: physical pages (blocks), >= 0.
+        device: torch device (default: torch's default device).
+        page_stride: bytes from one page to the next, a multiple of 16, >= 9216.
+    Returns:
+        ``uint8 [num_blocks, 128, 72]`` view with strides ``(page_stride, 72, 1)``. Its rows are
+        a reinterpretation of page bytes, not tokens.
+    Raises:
+        ValueError: negative ``num_blocks`` or a bad ``page_stride``.
+    """
+    if not isinstance(num_blocks, int) or num_blocks < 0:
+        v.fail("num_blocks", "an int >= 0", repr(num_blocks))
+    if not isinstance(page_stride, int) or page_stride < PAGE_BYTES or page_stride % 16:
+        v.fail("page_stride", f"an int >= {PAGE_BYTES} and a multiple of 16", repr(page_stride))
+    return ref.new_index_cache(num_blocks, device, page_stride)
+
+
+def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor, *,
+                  backend: str = "auto") -> None:
+    """NVFP4-quantize keys and write them at their slots (SPEC 1.3, 2).
+
+    Args:
+        cache: the paged cache (``new_index_cache``).
+        k: float ``[T, 128]`` keys, already normalized and rotated.
+        slot_mapping: int32/int64 ``[T]``: physical_block * 128 + offset; negative = skip.
+    Raises:
+        ValueError: shapes, dtypes, devices; a slot outside the cache; duplicate slots.
+    """
+    v.check_cache(cache)
+    dev = cache.device
+    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES, shape=(None, HEAD_DIM), device=dev)
+    v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
+                   device=dev)
+    v.check_slot_mapping_values(slot_mapping, cache.shape[0])
+    if v.check_backend(backend, dev) == "triton":
+        return _triton("quantize").write_index_k(cache, k, slot_mapping)
+    codes, scales = ref.quantize_nvfp4(k)
+    ref.write_tokens(cache, codes, scales, slot_mapping)
+
+
+def read_index_k(cache: torch.Tensor, block: int):
+    """Codes ``uint8 [128, 64]`` and scales ``float8_e4m3fn [128, 8]`` of physical ``block``
+    (token-major, decoded from the page layout of SPEC 2).
+
+    Raises:
+        ValueError: bad cache, or ``block`` outside ``[0, num_blocks)``.
+    """
+    v.check_cache(cache)
+    if not isinstance(block, int) or not 0 <= block < cache.shape[0]:
+        v.fail("block", f"an int in [0, {cache.shape[0]})", repr(block))
+    codes, scales = ref.read_blocks(cache, torch.tensor(block, device=cache.device))
+    return codes.clone(), scales.clone()
+
+
+def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                   slot_mapping: torch.Tensor, k_norm_weight: torch.Tensor,
+                   cos_sin_cache: torch.Tensor, *, rotary_dim: int = 64, eps: float = 1e-6,
+                   backend: str = "auto") -> None:
+    """Fused Gemma RMSNorm + NeoX RoPE + NVFP4 quantize + paged write of index keys (SPEC 3).
+
+    Args:
+        cache: the paged cache. k: bf16/fp16/fp32 ``[T, 128]``. positions: int ``[T]``.
+        slot_mapping: int ``[T]`` (negative = skip). k_norm_weight: float ``[128]``
+        (norm multiplies by ``1 + w``). cos_sin_cache: float ``[max_position, rotary_dim]``
+        (cos first half, sin second). rotary_dim: rotated leading dims (even). eps: norm eps.
+    Raises:
+        ValueError: shapes, dtypes, devices, positions outside ``cos_sin_cache``, slots outside
+        the cache, duplicate slots.
+    """
+    v.check_cache(cache)
+    dev = cache.device
+    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES, shape=(None, HEAD_DIM), device=dev)
+    v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
+                   device=dev)
+    v.check_norm_inputs("k", k, positions, k_norm_weight, "k_norm_weight", cos_sin_cache,
+                        rotary_dim, eps, dev)
+    v.check_slot_mapping_values(slot_mapping, cache.shape[0])
+    if v.check_backend(backend, dev) == "triton":
+        return _triton("insert").insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
+                                                cos_sin_cache, rotary_dim, eps)
+    ref.insert_index_k(cache, k, positions, slot_mapping, k_norm_weight, cos_sin_cache,
+                       rotary_dim, eps)
+
+
+def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, *, rotary_dim: int = 64, eps: float = 1e-6,
+                    backend: str = "auto") -> torch.Tensor:
+    """Gemma RMSNorm + NeoX RoPE + E4M3 encode of index queries, no scale (SPEC 3).
+
+    Args:
+        q: bf16/fp16/fp32 ``[T, H, 128]``; positions: int ``[T]``; q_norm_weight: ``[128]``;
+        cos_sin_cache: ``[max_position, rotary_dim]``.
+    Returns:
+        ``float8_e4m3fn [T, H, 128]``.
+    Raises:
+        ValueError: shapes, dtypes, devices, positions outside ``cos_sin_cache``.
+    """
+    v.check_tensor("q", q, dtypes=v.FLOAT_DTYPES, shape=(None, None, HEAD_DIM))
+    v.check_norm_inputs("q", q, positions, q_norm_weight, "q_norm_weight", cos_sin_cache,
+                        rotary_dim, eps, q.device)
+    if v.check_backend(backend, q.device) == "triton":
+        return _triton("query").prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
+                                                rotary_dim, eps)
+    return ref.prepare_index_q(q, positions, q_norm_weight, cos_sin_cache, rotary_dim, eps)
+
+
+def _check_paged(cache, block_table, seq_lens):
+    v.check_cache(cache)
+    dev = cache.device
+    v.check_tensor("block_table", block_table, dtypes=(torch.int32,), ndim=2, device=dev)
+    if block_table.stride(-1) != 1:
+        v.fail("block_table", "unit stride in the last dim", f"strides {block_table.stride()}")
+    v.check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(block_table.shape[0],),
+                   device=dev, contiguous=True)
+    return dev
+
+
+def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       *, backend: str = "auto"):
+    """Dequantize every request's history pages into a compact FP8 workspace (SPEC 7).
+
+    Args:
+        cache: the paged cache. block_table: int32 ``[R, W]``. seq_lens: int32 ``[R]``, tokens
+        per request; request r contributes (seq_len - 1) // 128 pages.
+    Returns:
+        ``(workspace float8_e4m3fn [P, 128, 128], page_offsets int32 [R+1])``, P = total pages;
+        request r's logical page j is ``workspace[page_offsets[r] + j]`` (token-major).
+    Raises:
+        ValueError: shapes, dtypes, devices, a negative seq_len, a block table narrower than a
+        request needs, block ids outside the cache.
+    """
+    dev = _check_paged(cache, block_table, seq_lens)
+    if bool((seq_lens < 0).any()):
+        v.fail("seq_lens", "values >= 0", f"min {int(seq_lens.min())}")
+    if bool((seq_lens.long() > block_table.shape[1] * PAGE_SIZE).any()):
+        v.fail("block_table", "at least ceil(seq_len / 128) columns for every request",
+               f"width {block_table.shape[1]} for max seq_len {int(seq_lens.max())}")
+    v.check_block_table_values(block_table, history_pages(seq_lens), cache.shape[0])
+    if v.check_backend(backend, dev) == "triton":
+        return _triton("gather").gather_index_k_fp8(cache, block_table, seq_lens)
+    return ref.gather_index_k_fp8(cache, block_table, seq_lens)
+
+
+def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *,
+                backend: str = "auto") -> torch.Tensor:
+    """Page scores of every query row against its history pages (SPEC 4).
+
+    Args:
+        index_q: ``float8_e4m3fn [T, H, 128]``. cache: the paged cache. block_table: int32
+        ``[R, W]``. seq_lens: int32 ``[R]`` (context + this step's tokens).
+        query_start_loc: int32 ``[R+1]`` row offsets (queries bottom-right aligned).
+    Returns:
+        float32 ``[T, H, W]``: max over each history page's tokens of the q . K dot product
+        (exact, rounded once to fp32 by the reference); -inf where page j >= the row's local page.
+    Raises:
+        ValueError: shapes, dtypes, devices, ``query_start_loc`` not matching T, q_len > seq_len,
+        narrow block table, block ids outside the cache.
+    """
+    dev = _check_paged(cache, block_table, seq_lens)
+    v.check_index_q(index_q, device=dev)
+    v.check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,),
+                   shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
+    _check_query_rows(query_start_loc, seq_lens, index_q.shape[0], allow_empty=True)
+    v.check_block_table_values(block_table, history_pages(seq_lens), cache.shape[0])
+    if bool((seq_lens.long() > block_table.shape[1] * PAGE_SIZE).any()):
+        v.fail("block_table", "at least ceil(seq_len / 128) columns for every request",
+               f"width {block_table.shape[1]} for max seq_len {int(seq_lens.max())}")
+    if v.check_backend(backend, dev) == "triton":
+        return _triton("scores").page_scores(index_q, cache, block_table, seq_lens,
+                                             query_start_loc)
+    return ref.page_scores(index_q, cache, block_table, seq_lens, query_start_loc)
+
+
+def _check_query_rows(query_start_loc, seq_lens, rows: int, allow_empty: bool) -> None:
+    qsl = query_start_loc.to(torch.long).cpu()
+    if int(qsl[0]) != 0 or int(qsl[-1]) != rows:
+        v.fail("query_start_loc", f"first 0 and last {rows} (index_q rows)",
+               f"first {int(qsl[0])}, last {int(qsl[-1])}")
+    q_lens = qsl[1:] - qsl[:-1]
+    s = seq_lens.to(torch.long).cpu()
+    bad = (q_lens < (0 if allow_empty else 1)) | ((q_lens > s) & (s != 0)) | (s < 0)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        v.fail("seq_lens", "q_len <= seq_len for every request (q_len from query_start_loc)",
+               f"q_len={int(q_lens[r])}, seq_len={int(s[r])} for request {r}")
+
+
+def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, query_len: int, *, out: torch.Tensor | None = None,
+                   topk: int = TOPK, backend: str = "auto") -> torch.Tensor:
+    """Top-k page selection for a uniform decode batch (SPEC 5, 6), eager.
+
+    Args:
+        index_q: ``float8_e4m3fn [B*Q, H, 128]``, request-major (row = b*Q + i).
+        cache: the paged cache. block_table: int32 ``[B, W]``. seq_lens: int32 ``[B]``: each
+        Q <= seq_len <= W*128, or 0 for a padding request. query_len: Q in 1..8.
+        out: optional int32 ``[B*Q, H, topk]`` to write into. topk: 16 (the reference takes any
+        K >= 2).
+    Returns:
+        int32 ``[B*Q, H, topk]`` logical page ids (``out`` when given): 15 best history pages
+        then the local page; fewer history pages ascending then -1; padding rows ``[0, -1...]``.
+    Raises:
+        ValueError: shapes, dtypes, devices, ``query_len``, ``seq_lens`` ranges, narrow block
+        table, block ids outside the cache. NotImplementedError: topk != 16 on Triton.
+    """
+    dev = _check_paged(cache, block_table, seq_lens)
+    v.check_query_len(query_len)
+    b = block_table.shape[0]
+    v.check_index_q(index_q, rows=b * query_len, device=dev)
+    h = index_q.shape[1]
+    backend = v.check_backend(backend, dev)
+    v.check_topk(topk, backend)
+    if out is not None:
+        v.check_out(out, b * query_len, h, topk, dev)
+    v.check_decode_values(block_table, seq_lens, query_len, cache.shape[0])
+    if backend == "triton":
+        if out is None:
+            out = torch.empty((b * query_len, h, topk), dtype=torch.int32, device=dev)
+        _triton("decode").decode_indexer(index_q, cache, block_table, seq_lens, query_len, out)
+        return out
+    result = ref.decode_indexer(index_q, cache, block_table, seq_lens, query_len, topk)
+    return result if out is None else out.copy_(result)
+
+
+def max_gather_pages(max_model_len: int, max_num_batched_tokens: int) -> int:
+    """FP8 workspace pages one prefill chunk may gather (SPEC 7):
+    ``ceil(max(max_model_len, 4 * max_num_batched_tokens) / 128)``; one request always fits.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    for name, val in (("max_model_len", max_model_len),
+                      ("max_num_batched_tokens", max_num_batched_tokens)):
+        if not isinstance(val, int) or val <= 0:
+            v.fail(name, "a positive int", repr(val))
+    return ref.max_gather_pages(max_model_len, max_num_batched_tokens)
+
+
+def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, *,
+                    max_gather_pages: int | None = None, out: torch.Tensor | None = None,
+                    topk: int = TOPK, backend: str = "auto") -> torch.Tensor:
+    """Top-k page selection for prefill requests with cached context (SPEC 5, 7).
+
+    Args:
+        index_q: ``float8_e4m3fn [Tp, H, 128]``. cache: the paged cache. block_table: int32
+        ``[R, W]``. cu_seqlens_q: int32 ``[R+1]`` row offsets (each q_len >= 1). seq_lens: int32
+        ``[R]``, context + new tokens (q_len <= seq_len <= W*128).
+        max_gather_pages: FP8 workspace budget in pages per chunk; default
+        ``max_gather_pages(W * 128, Tp)``. out: optional int32 ``[Tp, H, topk]``.
+    Returns:
+        int32 ``[Tp, H, topk]`` logical page ids (``out`` when given).
+    Raises:
+        ValueError: shapes, dtypes, devices, ranges, a ``max_gather_pages`` below one request's
+        history pages. NotImplementedError: topk != 16 on Triton.
+    """
+    dev = _check_paged(cache, block_table, seq_lens)
+    v.check_index_q(index_q, device=dev)
+    v.check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,),
+                   shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
+    t, h, _ = index_q.shape
+    backend = v.check_backend(backend, dev)
+    v.check_topk(topk, backend)
+    if out is not None:
+        v.check_out(out, t, h, topk, dev)
+    v.check_prefill_values(block_table, cu_seqlens_q, seq_lens, t, cache.shape[0])
+    if max_gather_pages is None:
+        max_gather_pages = ref.max_gather_pages(max(block_table.shape[1], 1) * PAGE_SIZE,
+                                                max(t, 1))
+    elif not isinstance(max_gather_pages, int) or max_gather_pages < 0:
+        v.fail("max_gather_pages", "an int >= 0", repr(max_gather_pages))
+    ref.plan_chunks(history_pages(seq_lens).tolist(), max_gather_pages)  # raises if too small
+    if backend == "triton":
+        if out is None:
+            out = torch.empty((t, h, topk), dtype=torch.int32, device=dev)
+        _triton("prefill").prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
+                                           max_gather_pages, out)
+        return out
+    result = ref.prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
+                                 max_gather_pages, topk)
+    return result if out is None else out.copy_(result)
+
+
+class DecodeIndexerWrapper:
+    """Decode indexer for one (padded batch size B, query length Q), CUDA-graph safe (SPEC 6).
+
+    The wrapper reads the caller's persistent ``block_table_buffer`` int32 ``[B, W]`` and
+    ``seq_lens_buffer`` int32 ``[B]`` in place. ``plan()`` runs outside capture every step: it
+    validates (may sync) and copies new metadata into those buffers when given other tensors.
+    ``run()`` allocates nothing, never syncs or reads device values on the host, and can be
+    captured in a CUDA graph; replays after in-place changes to the buffers give fresh results.
+    Keep the wrapper alive as long as graphs that captured its ``run()``.
+
+    Args:
+        num_heads: index heads H per rank (1, 2 or 4 on Triton).
+        block_table_buffer / seq_lens_buffer: the persistent buffers (same device).
+        use_cuda_graph: True when ``run()`` will be captured (Triton: compiles at ``plan()``).
+        backend: "auto" | "reference" | "triton" (the reference run() syncs: not capturable).
+        score_buffer: optional float32 scratch shared by wrappers that never run at once
+            (Triton; see ``nvfp4_indexer.triton.decode.score_buffer_size``).
+    Raises:
+        ValueError: bad buffers or ``num_heads``.
+    """
+
+    def __init__(self, num_heads: int, *, block_table_buffer: torch.Tensor,
+                 seq_lens_buffer: torch.Tensor, use_cuda_graph: bool = True,
+                 backend: str = "auto", score_buffer: torch.Tensor | None = None):
+        if not isinstance(num_heads, int) or num_heads < 1:
+            v.fail("num_heads", "a positive int", repr(num_heads))
+        v.check_tensor("block_table_buffer", block_table_buffer, dtypes=(torch.int32,), ndim=2,
+                       contiguous=True)
+        dev = block_table_buffer.device
+        v.check_tensor("seq_lens_buffer", seq_lens_buffer, dtypes=(torch.int32,),
+                       shape=(block_table_buffer.shape[0],), device=dev, contiguous=True)
+        self.num_heads = num_heads
+        self.block_table = block_table_buffer
+        self.seq_lens = seq_lens_buffer
+        self.use_cuda_graph = use_cuda_graph
+        self.backend = v.check_backend(backend, dev)
+        self.score_buffer = score_buffer
+        self.query_len: int | None = None
+        self._runner = None
+
+    @property
+    def num_reqs(self) -> int:
+        return self.block_table.shape[0]
+
+    def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, query_len: int, *,
+             num_blocks: int | None = None) -> None:
+        """Validate this step's metadata (syncs) and copy it into the wrapper's buffers.
+
+        Args:
+            block_table: int32 ``[B, W']`` with W' <= W (the buffer itself is fine);
+            seq_lens: int32 ``[B]``; query_len: Q in 1..8, fixed per wrapper once planned.
+            num_blocks: the cache's block count, to check block ids against (optional: the
+            wrapper does not see the cache until ``run()``).
+        Raises:
+            ValueError: shapes, ranges (SPEC 6, 10) or a changed ``query_len``.
+        """
+        dev = self.block_table.device
+        b, w = self.block_table.shape
+        v.check_query_len(query_len)
+        if self.query_len is not None and query_len != self.query_len:
+            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+        v.check_tensor("block_table", block_table, dtypes=(torch.int32,), shape=(b, None),
+                       device=dev)
+        if block_table.shape[1] > w:
+            v.fail("block_table", f"at most {w} columns (block_table_buffer width)",
+                   f"shape {tuple(block_table.shape)}")
+        v.check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(b,), device=dev)
+        if seq_lens.data_ptr() != self.seq_lens.data_ptr():
+            self.seq_lens.copy_(seq_lens)
+        if block_table.data_ptr() != self.block_table.data_ptr() or \
+                block_table.stride() != self.block_table.stride():
+            self.block_table[:, :block_table.shape[1]].copy_(block_table)
+        # Validate against the width the caller gave (columns past it are never read).
+        v.check_decode_values(block_table, self.seq_lens, query_len,
+                              num_blocks=2**62 if num_blocks is None else num_blocks)
+        self.query_len = query_len
+        if self.backend == "triton" and self._runner is None:
+            self._runner = _triton("decode").DecodeRunner(
+                self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer)
+
+    def run(self, index_q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Select pages for the planned batch into ``out`` (capturable on Triton).
+
+        Args:
+            index_q: ``float8_e4m3fn [B*Q, H, 128]``; cache: the paged cache (block ids of the
+            planned table must lie inside it: ``plan()`` cannot see the cache);
+            out: int32 ``[B*Q, H, 16]``.
+        Returns:
+            ``out``.
+        Raises:
+            RuntimeError: ``run()`` before ``plan()``, or the reference backend under capture.
+            ValueError: shapes, dtypes, devices (metadata only, no sync).
+        """
+        if self.query_len is None:
+            raise RuntimeError("DecodeIndexerWrapper.run() called before plan()")
+        dev = self.block_table.device
+        rows = self.num_reqs * self.query_len
+        v.check_cache(cache)
+        v.check_tensor("cache", cache, device=dev)
+        v.check_index_q(index_q, rows=rows, num_heads=self.num_heads, device=dev)
+        v.check_out(out, rows, self.num_heads, TOPK, dev)
+        if self.backend == "triton":
+            self._runner.run(index_q, cache, self.block_table, self.seq_lens, out)
+            return out
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("DecodeIndexerWrapper: the reference backend syncs and cannot "
+                               "be captured in a CUDA graph; use backend='triton'")
+        out.copy_(ref.decode_indexer(index_q, cache, self.block_table, self.seq_lens,
+                                     self.query_len))
+        return out

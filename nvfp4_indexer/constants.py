@@ -1,0 +1,15 @@
+"""Fixed sizes of the MiniMax M3 NVFP4 index cache (SPEC 2, 5)."""
+
+PAGE_SIZE = 128  # tokens per page (= block)
+HEAD_DIM = 128  # index head dimension
+TOPK = 16  # selected pages per query row: 15 history + the local page
+GROUP_SIZE = 16  # values per E4M3 block scale (SPEC 1.3)
+NUM_GROUPS = HEAD_DIM // GROUP_SIZE  # 8 scales per token
+CODE_BYTES = HEAD_DIM // 2  # 64 bytes of packed E2M1 codes per token
+TOKEN_BYTES = CODE_BYTES + NUM_GROUPS  # 72 bytes per token
+PAGE_BYTES = PAGE_SIZE * TOKEN_BYTES  # 9216 bytes per page
+SCALES_OFFSET = PAGE_SIZE * CODE_BYTES  # 8192: scales follow all codes of a page
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+MAX_QUERY_LEN = 8  # decode queries per request (SPEC 6)
+SPEC_VERSION = "1.0"

@@ -1,0 +1,198 @@
+"""Input checks shared by every backend (SPEC 10).
+
+Every check raises before anything is written, with a message that names the argument, what
+was expected and what was given. ``check_*`` helpers on tensor metadata never sync; the
+``check_*_values`` helpers read device values and so belong to eager calls and ``plan()``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .constants import (HEAD_DIM, MAX_QUERY_LEN, NUM_GROUPS, PAGE_BYTES, PAGE_SIZE, TOKEN_BYTES,
+                        TOPK)
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int32, torch.int64)
+BACKENDS = ("auto", "reference", "triton")
+
+
+def fail(name: str, expected: str, got) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def check_tensor(name: str, t, *, dtypes=None, ndim=None, shape=None, device=None,
+                 contiguous: bool = False) -> None:
+    """Type, dtype, rank, shape (None entries are free), device and contiguity of ``t``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        fail(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None and t.dim() != ndim:
+        fail(name, f"a {ndim}-d tensor" + (f" of shape {_shape_str(shape)}" if shape else ""),
+             f"shape {tuple(t.shape)}")
+    if shape is not None:
+        for want, have in zip(shape, t.shape):
+            if want is not None and want != have:
+                fail(name, f"shape {_shape_str(shape)}", f"shape {tuple(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        fail(name, f"a tensor on {device} (like the other inputs)", f"device {t.device}")
+    if contiguous and not t.is_contiguous():
+        fail(name, "a contiguous tensor", f"strides {t.stride()}")
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+def check_cache(cache) -> None:
+    """The paged index-K cache: ``uint8 [num_blocks, 128, 72]`` with strides (S, 72, 1),
+    S >= 9216 and a multiple of 16 (SPEC 2)."""
+    check_tensor("cache", cache, dtypes=(torch.uint8,), shape=(None, PAGE_SIZE, TOKEN_BYTES))
+    s = cache.stride()
+    if cache.shape[0] > 0 and (s[1] != TOKEN_BYTES or s[2] != 1 or s[0] < PAGE_BYTES
+                               or s[0] % 16 != 0):
+        fail("cache", f"strides (S, {TOKEN_BYTES}, 1) with page stride S >= {PAGE_BYTES} and a "
+             "multiple of 16", f"strides {s}")
+
+
+def check_backend(backend: str, device: torch.device) -> str:
+    """Resolve ``backend`` for tensors on ``device``: "auto" is Triton on CUDA, else reference."""
+    if backend not in BACKENDS:
+        fail("backend", " or ".join(repr(b) for b in BACKENDS), repr(backend))
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    return backend
+
+
+def check_topk(topk: int, backend: str) -> None:
+    if not isinstance(topk, int) or topk < 2:
+        fail("topk", "an int >= 2", repr(topk))
+    if topk != TOPK and backend != "reference":
+        raise NotImplementedError(f"topk: backend {backend!r} supports topk={TOPK}, got {topk} "
+                                  "(the reference supports any topk >= 2)")
+
+
+def check_query_len(query_len) -> None:
+    if not isinstance(query_len, int) or isinstance(query_len, bool) \
+            or not 1 <= query_len <= MAX_QUERY_LEN:
+        fail("query_len", f"an int in 1..{MAX_QUERY_LEN}", repr(query_len))
+
+
+def check_index_q(index_q, rows=None, num_heads=None, device=None) -> None:
+    check_tensor("index_q", index_q, dtypes=(torch.float8_e4m3fn,),
+                 shape=(rows, num_heads, HEAD_DIM), device=device)
+    if index_q.stride(-1) != 1:
+        fail("index_q", "unit stride in the last dim", f"strides {index_q.stride()}")
+
+
+def check_out(out, rows: int, num_heads: int, topk: int, device) -> None:
+    check_tensor("out", out, dtypes=(torch.int32,), shape=(rows, num_heads, topk), device=device,
+                 contiguous=True)
+
+
+def check_norm_inputs(x_name, x, positions, weight, weight_name, cos_sin_cache, rotary_dim,
+                      eps, device) -> None:
+    """Shared checks of the fused norm + RoPE inputs (SPEC 3)."""
+    t = x.shape[0]
+    check_tensor("positions", positions, dtypes=INT_DTYPES, shape=(t,), device=device)
+    check_tensor(weight_name, weight, dtypes=FLOAT_DTYPES, shape=(HEAD_DIM,), device=device)
+    check_tensor("cos_sin_cache", cos_sin_cache, dtypes=FLOAT_DTYPES, ndim=2, device=device)
+    if not isinstance(rotary_dim, int) or rotary_dim <= 0 or rotary_dim % 2 \
+            or rotary_dim > HEAD_DIM:
+        fail("rotary_dim", f"an even int in 2..{HEAD_DIM}", repr(rotary_dim))
+    if cos_sin_cache.shape[1] != rotary_dim:
+        fail("cos_sin_cache", f"shape [max_position, {rotary_dim}] (rotary_dim)",
+             f"shape {tuple(cos_sin_cache.shape)}")
+    if not (isinstance(eps, float) or isinstance(eps, int)) or not eps > 0:
+        fail("eps", "a positive float", repr(eps))
+    if t and positions.numel():
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= cos_sin_cache.shape[0]:
+            fail("positions", f"values in [0, {cos_sin_cache.shape[0]}) (cos_sin_cache rows)",
+                 f"values in [{lo}, {hi}]")
+
+
+def check_slot_mapping_values(slot_mapping, num_blocks: int) -> None:
+    """Slots inside the cache, no duplicate non-negative slot (SPEC 2, 10). Syncs."""
+    valid = slot_mapping[slot_mapping >= 0]
+    if valid.numel() == 0:
+        return
+    hi = int(valid.max())
+    if hi >= num_blocks * PAGE_SIZE:
+        fail("slot_mapping", f"slots < num_blocks * 128 = {num_blocks * PAGE_SIZE} (cache too "
+             "small)", f"slot {hi}")
+    if torch.unique(valid).numel() != valid.numel():
+        u, counts = torch.unique(valid, return_counts=True)
+        fail("slot_mapping", "distinct non-negative slots", f"slot {int(u[counts > 1][0])} "
+             f"{int(counts.max())} times")
+
+
+def check_block_table_values(block_table, pages_read, num_blocks: int) -> None:
+    """Block ids a request reads (entries below ``pages_read[r]``) inside the cache. Syncs."""
+    if block_table.numel() == 0:
+        return
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    read = cols[None, :] < pages_read.to(block_table.device)[:, None]
+    ids = block_table[read]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        fail("block_table", f"block ids in [0, {num_blocks}) (cache blocks) for every page a "
+             "request reads", f"ids in [{int(ids.min())}, {int(ids.max())}]")
+
+
+def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int) -> None:
+    """SPEC 6 ranges: Q <= seq_len <= width * 128 or seq_len == 0; block ids in the cache."""
+    width = block_table.shape[1]
+    s = seq_lens.to(torch.long)
+    bad = ((s != 0) & (s < query_len)) | (s < 0)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        fail("seq_lens", f"0 (padding) or >= query_len={query_len} for every request",
+             f"seq_lens[{b}]={int(s[b])}")
+    too_long = s > width * PAGE_SIZE
+    if bool(too_long.any()):
+        b = int(too_long.nonzero()[0, 0])
+        fail("block_table", f"at least ceil(seq_len / 128) columns for every request "
+             f"(block table narrower than request {b} needs)",
+             f"width {width} for seq_lens[{b}]={int(s[b])}")
+    from .reference.paging import history_pages  # local import: no cycle at module load
+    check_block_table_values(block_table, history_pages(s), num_blocks)
+
+
+def check_prefill_values(block_table, cu_seqlens_q, seq_lens, num_rows: int,
+                         num_blocks: int) -> None:
+    """SPEC 7: cu_seqlens_q from 0 to Tp, non-decreasing; 1 <= q_len <= seq_len per request;
+    block table wide enough; block ids in the cache."""
+    qsl = cu_seqlens_q.to(torch.long).cpu()
+    if int(qsl[0]) != 0 or int(qsl[-1]) != num_rows:
+        fail("cu_seqlens_q", f"first 0 and last {num_rows} (index_q rows)",
+             f"first {int(qsl[0])}, last {int(qsl[-1])}")
+    q_lens = qsl[1:] - qsl[:-1]
+    s = seq_lens.to(torch.long).cpu()
+    bad = (q_lens < 1) | (q_lens > s)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        fail("seq_lens", "1 <= q_len <= seq_len for every prefill request "
+             "(q_len from cu_seqlens_q)", f"q_len={int(q_lens[r])}, seq_len={int(s[r])} "
+             f"for request {r}")
+    width = block_table.shape[1]
+    too_long = s > width * PAGE_SIZE
+    if bool(too_long.any()):
+        r = int(too_long.nonzero()[0, 0])
+        fail("block_table", f"at least ceil(seq_len / 128) columns for every request "
+             f"(block table narrower than request {r} needs)",
+             f"width {width} for seq_lens[{r}]={int(s[r])}")
+    from .reference.paging import history_pages
+    check_block_table_values(block_table, history_pages(seq_lens), num_blocks)
+
+
+def check_scales_codes(codes, scales) -> None:
+    check_tensor("codes", codes, dtypes=(torch.uint8,))
+    check_tensor("scales", scales, dtypes=(torch.float8_e4m3fn, torch.uint8), device=codes.device)
+    if codes.dim() < 1 or codes.shape[-1] != HEAD_DIM // 2:
+        fail("codes", f"shape [..., {HEAD_DIM // 2}]", f"shape {tuple(codes.shape)}")
+    if tuple(scales.shape) != tuple(codes.shape[:-1]) + (NUM_GROUPS,):
+        fail("scales", f"shape {list(codes.shape[:-1]) + [NUM_GROUPS]} (codes' leading dims, 8)",
+             f"shape {tuple(scales.shape)}")
