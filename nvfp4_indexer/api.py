@@ -441,14 +441,15 @@ class DecodeIndexerWrapper:
             v.fail("block_table", f"at most {w} columns (block_table_buffer width)",
                    f"shape {tuple(block_table.shape)}")
         v.check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(b,), device=dev)
+        # Validate before copying (SPEC 10: nothing is written on bad input), against the width
+        # the caller gave (columns past it are never read).
+        v.check_decode_values(block_table, seq_lens, query_len,
+                              num_blocks=2**62 if num_blocks is None else num_blocks)
         if seq_lens.data_ptr() != self.seq_lens.data_ptr():
             self.seq_lens.copy_(seq_lens)
         if block_table.data_ptr() != self.block_table.data_ptr() or \
                 block_table.stride() != self.block_table.stride():
             self.block_table[:, :block_table.shape[1]].copy_(block_table)
-        # Validate against the width the caller gave (columns past it are never read).
-        v.check_decode_values(block_table, self.seq_lens, query_len,
-                              num_blocks=2**62 if num_blocks is None else num_blocks)
         self.query_len = query_len
         if self.backend == "triton" and self._runner is None:
             self._runner = _triton("decode").DecodeRunner(

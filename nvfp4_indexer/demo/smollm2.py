@@ -252,7 +252,9 @@ def _rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: to
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle
+) -> torch.Tensor:
     """Rotate x [T, H, D] by per-position angles (cos, sin [T, D/2]).
 
     ``"neox"`` rotates pairs (i, i + D/2) (HF half-split rows); ``"adjacent"`` rotates
@@ -324,7 +326,9 @@ class SmolLM2(nn.Module):
 
     # -- core ---------------------------------------------------------------------
 
-    def _attention(self, layer: _Layer, h, cos, sin, start: int, cache, capture: dict | None, i: int):
+    def _attention(self, i: int, layer: _Layer, h, cos, sin, start: int, cache, capture):
+        """Attention block output [T, d_model] for normed input h [T, d_model] at positions
+        start..start+T-1; appends post-RoPE K/V to ``cache[i]`` and fills ``capture[i]``."""
         cfg = self.cfg
         T = h.shape[0]
         q_pre = F.linear(h, layer.wq).view(T, cfg.n_heads, cfg.head_dim)
@@ -340,21 +344,18 @@ class SmolLM2(nn.Module):
                 k = torch.cat((cache[i][0], k))
                 v = torch.cat((cache[i][1], v))
             cache[i] = (k, v)
-        S = k.shape[0]
         rep = cfg.n_heads // cfg.n_kv_heads
-        # GQA: query head h reads KV head h // rep. Expanding K/V (small) keeps SDPA
-        # on its fused CPU kernel instead of materializing [H, T, S] scores.
-        kx = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, S, D]
-        vx = v.repeat_interleave(rep, dim=1).transpose(0, 1)
-        qx = q.transpose(0, 1)  # [H, T, D]
-        if start == 0:
+        # GQA: query head h reads KV head h // rep. Expanded K/V (small) and 4-D
+        # [1, H, T, D] inputs keep SDPA on its fused (flash) CPU kernel; the math
+        # fallback would materialize [H, T, S] scores.
+        kx = k.repeat_interleave(rep, dim=1).transpose(0, 1)[None]  # [1, H, S, D]
+        vx = v.repeat_interleave(rep, dim=1).transpose(0, 1)[None]
+        qx = q.transpose(0, 1)[None]  # [1, H, T, D]
+        if start == 0:  # prefill: causal over the T new tokens
             o = F.scaled_dot_product_attention(qx, kx, vx, is_causal=True)
-        elif T == 1:
+        else:  # one-token decode step: sees all S cached keys
             o = F.scaled_dot_product_attention(qx, kx, vx)
-        else:  # chunk after a cache: query t (position start+t) sees keys 0..start+t
-            mask = torch.arange(S, device=h.device)[None, :] <= torch.arange(start, start + T, device=h.device)[:, None]
-            o = F.scaled_dot_product_attention(qx, kx, vx, attn_mask=mask)
-        return F.linear(o.transpose(0, 1).reshape(T, -1), layer.wo)
+        return F.linear(o[0].transpose(0, 1).reshape(T, -1), layer.wo)
 
     def _run(
         self,
@@ -371,6 +372,8 @@ class SmolLM2(nn.Module):
             raise ValueError(f"input_ids must be [T], got {tuple(input_ids.shape)}")
         input_ids = input_ids.to(self.device)
         T = input_ids.shape[0]
+        if start > 0 and T != 1:
+            raise ValueError("after a cached prefix only single-token steps are supported")
         wanted = set(int(i) for i in capture_layers)
         if wanted and not wanted <= set(range(cfg.n_layers)):
             raise ValueError(f"capture layers must be in [0, {cfg.n_layers})")
@@ -381,9 +384,10 @@ class SmolLM2(nn.Module):
         for i, layer in enumerate(self.layers):
             cap = captures if i in wanted else None
             h = _rms_norm(x, layer.attn_norm, cfg.rms_eps)
-            x = x + self._attention(layer, h, cos, sin, start, cache, cap, i)
+            x = x + self._attention(i, layer, h, cos, sin, start, cache, cap)
             h = _rms_norm(x, layer.ffn_norm, cfg.rms_eps)
-            x = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
+            gate = F.silu(F.linear(h, layer.w_gate))
+            x = x + F.linear(gate * F.linear(h, layer.w_up), layer.w_down)
             if stop_after is not None and i >= stop_after:
                 return x, captures
         return _rms_norm(x, self.output_norm, cfg.rms_eps), captures
@@ -410,7 +414,7 @@ class SmolLM2(nn.Module):
     ) -> dict[int, AttentionCapture]:
         """``{layer: AttentionCapture}`` for input_ids [T]; stops after the deepest layer.
 
-        Memory per captured layer is about T * 1.9 KB in fp32 (q_pre, q, k_pre, k, v).
+        Memory per captured layer is T * 1728 values (q_pre, q, k_pre, k, v): 6.9 KB/token in fp32.
         """
         layers = sorted(set(int(i) for i in capture_layers))
         if not layers:
@@ -497,7 +501,8 @@ def load_smollm2(
     def load(name: str, n_heads: int | None = None) -> torch.Tensor:
         t = tensors[name]
         arr = gguf.quants.dequantize(t.data, t.tensor_type)  # numpy shape = (out, in)
-        w = torch.from_numpy(np.array(arr, dtype=np.float32))  # copy: GGUF data is a read-only memmap
+        # np.array copies: F32 tensors come back as views of the read-only memmap
+        w = torch.from_numpy(np.array(arr, dtype=np.float32))
         if n_heads is not None and qk_layout == "hf":
             w = unpermute_qk_rows(w, n_heads)
         return w.to(device=device, dtype=dtype)

@@ -1,0 +1,11 @@
+"""Benchmark suite of nvfp4_indexer (issue 6): ``python -m benchmarks --help``.
+
+Suites: decode-full (28 weighted cases), decode-lowlat (12), decode-variants (Q = 1, H = 1, 2),
+prefill (18), gather (the prefill cases' pages), insert (16K tokens into a 1M-token cache).
+Each run measures its own ceilings (device-to-device copy, cuBLAS FP8 matmul), times CUDA-graph
+replays over cold-cache rotated page sets, compares once against the PyTorch reference, and
+writes JSON, Markdown tables and a roofline PNG. ``--cpu-smoke`` runs every code path on CPU
+at tiny sizes with the reference backend (no timing claims). Method: docs/benchmarks.md.
+"""
+
+SCHEMA = "nvfp4_indexer.benchmarks/1"

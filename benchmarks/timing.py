@@ -1,0 +1,385 @@
+"""Timing, measured ceilings and the environment record (WORKLOADS.md "How to measure").
+
+- ``time_graph``: CUDA-graph replay timing. The calls (one per cold-cache rotation slot) are
+  captured ``graph_calls`` at a time; a sample is one replay of every graph, timed with CUDA
+  events; the result is the median per-call time over ``replays`` samples after ``warmup``
+  replays (MiniMax-AI/MSA protocol: 120 calls per graph, 5 warm-up, 20 timed replays).
+- ``time_eager``: for calls that cannot be captured (they sync on device values): each call is
+  timed alone with CUDA events, after a write of ``flush_bytes`` (>= 2x L2) that evicts the
+  cache (as ``triton.testing.do_bench`` does); median over the samples.
+- ``time_host``: wall clock with a device sync, for the slow PyTorch reference.
+- ``copy_ceiling``: device-to-device copy, bytes read + bytes written per second.
+- ``fp8_matmul_ceiling``: ``torch._scaled_mm`` E4M3 x E4M3 -> bf16 (cuBLAS), 2*M*N*K / time.
+- ``environment``: GPU, driver, versions, commit, date.
+
+On a CPU device (``--cpu-smoke``) the same functions run with ``time.perf_counter`` and no
+graphs; such numbers prove the code paths work and are never reported as measurements.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+GRAPH_CALLS = 120
+WARMUP = 5
+REPLAYS = 20
+MAX_CV = 0.03  # a sample set with a larger coefficient of variation is re-measured once
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Timing:
+    """Per-call time of one timed function. ``us`` is the median of ``samples_us``."""
+
+    us: float
+    samples_us: list[float]
+    cv: float
+    method: str  # "cuda-graph" | "cuda-events-eager+flush" | "cpu-wall-clock"
+    calls_per_sample: int
+    graphs: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["samples_us"] = [round(s, 4) for s in self.samples_us]
+        return d
+
+
+def _cv(samples: list[float]) -> float:
+    mean = statistics.fmean(samples)
+    return statistics.pstdev(samples) / mean if mean > 0 else float("inf")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rotation_slots(bytes_per_call: int, l2_bytes: int, graph_calls: int = GRAPH_CALLS,
+                   max_slots: int | None = None) -> int:
+    """Disjoint input sets ("slots") so that a slot's bytes are re-read only after >= 2x L2 of
+    other slots' traffic: at least ``2 * L2 // bytes + 2``, rounded to a divisor of
+    ``graph_calls`` (each slot runs equally often in a graph) or up to a multiple of it
+    (several graphs). ``max_slots`` (pool capacity) caps the result; the caller reports the
+    reuse distance actually reached."""
+    minimum = (2 * l2_bytes) // max(1, bytes_per_call) + 2
+    if minimum <= graph_calls:
+        slots = next(d for d in range(minimum, graph_calls + 1) if graph_calls % d == 0)
+    else:
+        slots = -(-minimum // graph_calls) * graph_calls
+    if max_slots is not None and slots > max_slots:
+        slots = max(1, max_slots)
+    return slots
+
+
+def graph_sequence(num_slots: int, graph_calls: int) -> list[list[int]]:
+    """Slot indices per graph: one graph of ``graph_calls`` calls cycling the slots when they
+    fit, else consecutive chunks of ``graph_calls`` slots (every slot once per sample)."""
+    if num_slots <= graph_calls:
+        reps = -(-graph_calls // num_slots)
+        return [[i % num_slots for i in range(reps * num_slots)]]
+    return [list(range(g, min(g + graph_calls, num_slots)))
+            for g in range(0, num_slots, graph_calls)]
+
+
+def time_graph(calls: list[Callable[[], object]], device: torch.device, *,
+               graph_calls: int = GRAPH_CALLS, warmup: int = WARMUP,
+               replays: int = REPLAYS) -> Timing:
+    """Median per-call time of CUDA-graph replays of ``calls`` (one per rotation slot).
+
+    Every call runs once eagerly first (on a side stream, as torch recommends before capture),
+    so compilation and lazy initialization stay out of the capture and the numbers.
+
+    Raises:
+        RuntimeError (or the capture's own error): a call that cannot be captured.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    seq = graph_sequence(len(calls), graph_calls)
+    graphs = []
+    for chunk in seq:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in chunk:
+                calls[i]()
+        graphs.append(g)
+    total = sum(len(chunk) for chunk in seq)
+    best: list[float] | None = None
+    for _attempt in range(2):  # re-measure once when the spread is large
+        for _ in range(warmup):
+            for g in graphs:
+                g.replay()
+        torch.cuda.synchronize(device)
+        samples = []
+        for _ in range(replays):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for g in graphs:
+                g.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / total)
+        if best is None or _cv(samples) < _cv(best):
+            best = samples
+        if _cv(best) <= MAX_CV:
+            break
+    del graphs
+    return Timing(statistics.median(best), best, _cv(best), "cuda-graph", total, len(seq))
+
+
+class L2Flush:
+    """A scratch buffer whose overwrite evicts the L2 before an eagerly timed call."""
+
+    def __init__(self, device: torch.device, nbytes: int):
+        self.device = device
+        self.buf = torch.empty(max(nbytes, 1) // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.fill_(0x5A5A5A5A)
+
+
+def time_eager(calls: list[Callable[[], object]], device: torch.device, *,
+               flush: L2Flush | None = None, warmup: int = 2, max_samples: int = 20,
+               min_samples: int = 5, max_seconds: float = 1.5) -> Timing:
+    """Median time of single eager calls (cycling ``calls``), each after an L2 flush.
+
+    CUDA: events around each call (host work and syncs inside the call count). CPU:
+    ``perf_counter``. Takes ``min_samples``..``max_samples`` samples, stopping after
+    ``max_seconds`` of timed calls.
+    """
+    cuda = device.type == "cuda"
+    for i in range(warmup):
+        calls[i % len(calls)]()
+    sync(device)
+    samples: list[float] = []
+    spent = 0.0
+    i = 0
+    while len(samples) < max_samples and (len(samples) < min_samples or spent < max_seconds):
+        c = calls[i % len(calls)]
+        i += 1
+        if flush is not None:
+            flush()
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            c()
+            end.record()
+            end.synchronize()
+            us = start.elapsed_time(end) * 1e3
+        else:
+            t0 = time.perf_counter()
+            c()
+            us = (time.perf_counter() - t0) * 1e6
+        samples.append(us)
+        spent += us * 1e-6
+    method = "cuda-events-eager+flush" if cuda else "cpu-wall-clock"
+    return Timing(statistics.median(samples), samples, _cv(samples), method, 1)
+
+
+def time_host(fn: Callable[[], object], device: torch.device, *, warmup: int = 1,
+              repeats: int = 3, max_seconds: float = 3.0) -> Timing:
+    """Wall-clock time of ``fn`` with a device sync after each call (the PyTorch reference:
+    it syncs internally and is never graph-captured). Stops early past ``max_seconds``."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples, spent = [], 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        dt = time.perf_counter() - t0
+        samples.append(dt * 1e6)
+        spent += dt
+        if spent > max_seconds:
+            break
+    return Timing(statistics.median(samples), samples, _cv(samples), "host-wall-clock+sync", 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ceilings
+
+def _time_ceiling(fn: Callable[[], object], device: torch.device, calls: int,
+                  replays: int) -> Timing:
+    """Graph-replay timing of a ceiling workload; eager events if capture fails; CPU clock."""
+    if device.type != "cuda":
+        return time_eager([fn], device, warmup=1, max_samples=3, min_samples=2)
+    try:
+        return time_graph([fn], device, graph_calls=calls, warmup=2, replays=replays)
+    except Exception as e:  # noqa: BLE001 - fall back to eager timing, and say so
+        torch.cuda.synchronize(device)
+        t = time_eager([fn], device, warmup=2, max_samples=replays, min_samples=replays)
+        t.note = f"graph capture failed ({type(e).__name__}: {str(e)[:160]})"
+        return t
+
+
+def copy_ceiling(device: torch.device, nbytes: int | None = None) -> dict:
+    """Device-to-device copy bandwidth: ``dst.copy_(src)`` of ``nbytes`` random bytes,
+    GB/s = 2 * nbytes (read + written) / median time (events; CPU: perf_counter)."""
+    cuda = device.type == "cuda"
+    nbytes = nbytes or ((2 << 30) if cuda else (8 << 20))
+    gen = torch.Generator(device=device).manual_seed(7)
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device, generator=gen)
+    dst = torch.empty_like(src)
+    t = _time_ceiling(lambda: dst.copy_(src), device, calls=4, replays=15)
+    if not torch.equal(dst[:4096], src[:4096]):
+        raise RuntimeError("copy ceiling: the copy did not copy")
+    return {"bytes_per_copy": nbytes, "gbps": 2 * nbytes / (t.us * 1e-6) / 1e9,
+            "timing": t.as_dict()}
+
+
+def _scaled_mm(a, b, scale_a, scale_b, fast_accum: bool):
+    out = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
+                           use_fast_accum=fast_accum)
+    return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
+
+
+def fp8_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
+    """cuBLAS FP8 matmul rate through ``torch._scaled_mm``: E4M3 [M, K] x E4M3 [K, N]
+    (column-major) -> bf16, random operands, M = N = K = ``size`` (8192 on CUDA). Tries
+    tensor-wise (scalar) scales, then row-wise scales, each with and without fast
+    accumulation; the ceiling is the fastest variant that ran. Variants that raise are
+    recorded with their error. On CPU (smoke) a failed ``_scaled_mm`` falls back to an fp32
+    matmul, marked ``stand_in``."""
+    cuda = device.type == "cuda"
+    n = size or (8192 if cuda else 64)
+    gen = torch.Generator(device=device).manual_seed(11)
+    a = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), dtype=torch.float32, device=device)
+    variants = {
+        "tensorwise": (one, one),
+        "rowwise": (torch.ones(n, 1, dtype=torch.float32, device=device),
+                    torch.ones(1, n, dtype=torch.float32, device=device)),
+    }
+    flops = 2 * n ** 3
+    results, best = {}, None
+    for name, (sa, sb) in variants.items():
+        for fast in (False, True):
+            key = f"{name}{'+fast_accum' if fast else ''}"
+            try:
+                fn = lambda sa=sa, sb=sb, fast=fast: _scaled_mm(a, b, sa, sb, fast)  # noqa
+                ref = fn()
+                if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
+                    raise RuntimeError("unexpected output")
+                t = _time_ceiling(fn, device, calls=5, replays=10)
+                tf = flops / (t.us * 1e-6) / 1e12
+                results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
+                                "note": t.note}
+                if best is None or tf > results[best]["tflops"]:
+                    best = key
+            except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
+                results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
+           "tflops": results[best]["tflops"] if best else None, "stand_in": False}
+    if best is None and not cuda:
+        af, bf = a.float(), b.float()
+        t = time_eager([lambda: af @ bf], device, warmup=1, max_samples=3, min_samples=2)
+        out.update(tflops=flops / (t.us * 1e-6) / 1e12, best="fp32-matmul", stand_in=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO_ROOT)
+        return r.stdout.strip() if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def source_digest() -> str:
+    """sha256 over the library's and the benchmarks' Python sources (path + bytes), so a run
+    without git metadata can still be tied to a source tree."""
+    h = hashlib.sha256()
+    for sub in ("nvfp4_indexer", "benchmarks"):
+        for p in sorted((REPO_ROOT / sub).rglob("*.py")):
+            h.update(str(p.relative_to(REPO_ROOT)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def l2_bytes(device: torch.device) -> int:
+    """The device's L2 size in bytes (CUDA properties; 60 MB if torch does not say)."""
+    if device.type != "cuda":
+        return 0
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "L2_cache_size", 0) or 60 * 1024 * 1024)
+
+
+def environment(device: torch.device) -> dict:
+    """GPU name, driver, versions, commit, date (WORKLOADS.md: recorded with every table)."""
+    import nvfp4_indexer
+    env = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "nvfp4_indexer": nvfp4_indexer.__version__,
+        "spec_version": nvfp4_indexer.SPEC_VERSION,
+        "argv": sys.argv,
+        "source_sha256_16": source_digest(),
+        "git_commit": os.environ.get("NVFP4_BENCH_COMMIT") or _run(["git", "rev-parse", "HEAD"]),
+        "git_dirty": None,
+        "device_type": device.type,
+    }
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    if status is not None:
+        env["git_dirty"] = bool(status)
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        import numpy
+        env["numpy"] = numpy.__version__
+    except ImportError:
+        env["numpy"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update({
+            "gpu": p.name,
+            "gpu_capability": f"{p.major}.{p.minor}",
+            "gpu_sms": p.multi_processor_count,
+            "gpu_memory_bytes": p.total_memory,
+            "gpu_l2_bytes": l2_bytes(device),
+            "gpu_uuid": str(getattr(p, "uuid", "")),
+        })
+        q = _run(["nvidia-smi", f"--id={device.index or 0}",
+                  "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
+                  "power.limit,temperature.gpu", "--format=csv,noheader"])
+        if q:
+            keys = ("driver", "clock_sm", "clock_sm_max", "clock_mem", "power_limit",
+                    "temperature_c")
+            env.update({f"nvsmi_{k}": v.strip() for k, v in zip(keys, q.split(","))})
+            env["driver"] = env.pop("nvsmi_driver")
+        else:
+            env["driver"] = None
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["cpu_threads"] = torch.get_num_threads()
+    return env
+

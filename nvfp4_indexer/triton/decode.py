@@ -1,0 +1,317 @@
+"""Triton "Q8KV4" decode indexer: NVFP4 pages scored in place, split-K over pages, top-k
+merge (SPEC 4-6).
+
+Design
+------
+Score kernel, grid ``(B, NUM_SPLITS)``. Program (b, s) loads request b's ``Q*H`` query rows
+(row m = i*H + h, padded to ``BLOCK_M`` = 16 or 32 or 64) once, then walks its share of the
+request's history pages ``j < n = (seq_len - 1) // 128`` (the last query's L; n = 0 when
+n <= 15: every row is then a short row, SPEC 5 gives it by formula): split s takes pages
+``[s*c, min((s+1)*c, n))`` with ``c = ceil(n / NUM_SPLITS)``. Per page (one iteration = 128
+tokens): the block id from the block table, the page's 8192 code bytes and 1024 scale bytes
+from ``cache + block * page_stride`` (read in place), dequantization in registers (SPEC 1.4),
+``[128 tokens, BLOCK_M]`` token scores as two K=64 MMAs (one K=128 fp32 dot in the
+interpreter), the NaN-skipping max over tokens, and
+insertion of (score, j) into each row's running top-16, only for rows with j < their local page
+L_i = (seq_len - Q + i) // 128. Each program writes its complete top-16 lists to the candidate
+scratch ``int64 [B, BLOCK_M, NUM_SPLITS, 16]`` (see ``topk``).
+
+Merge kernel, grid ``(B, ceil(Q*H / ROWS))``: loads the ``NUM_SPLITS * 16`` candidates of ROWS
+rows and writes the final SPEC 5 output (15 rounds of max-and-remove, slot 15 = L, short and
+padding rows by formula). With ``NUM_SPLITS == 1`` the score kernel writes the output itself
+and there is no merge launch and no scratch.
+
+Nothing depends on host values of ``seq_lens`` / ``block_table``: the grid and all constexprs
+are a function of (B, W, Q, H, SM count), every program writes all of its outputs every run
+(no state carried between runs), so a CUDA-graph replay after in-place changes of the buffers
+computes fresh results. Block-table entries at or past a request's history page count are
+never read.
+
+``NUM_SPLITS`` = min(ceil(PROGRAMS_PER_SM * num_sms / B), ceil((W - 1) / MIN_PAGES_PER_SPLIT),
+MAX_SPLITS), at least 1: long contexts fill the GPU at small batch.
+
+Error bound (SPEC 9)
+--------------------
+A scorer's page score differs from the exact one by at most ``e = 2^-b * max_t sum_d |q_d K_d|``
+(max over the row's history tokens); ``SCORE_ERROR_BITS[dot]`` is b. Every product of two
+E4M3 values is exact in fp32 and inside 16-bit MMAs, so only the accumulation of a token's
+128 products rounds; the max over tokens is 1-Lipschitz, so a per-token bound carries over.
+
+- "fp32" (interpreter / PORTABLE, IEEE fp32 dot): recursive summation of 128 terms errs by at
+  most gamma_127 * sum|x_i| < 2^-16.99 * sum|x_i| in any order: b = 16.
+- "fp16" (GPU default) / "bf16" (16-bit MMA, fp32 accumulation): tensor cores align the
+  addends of one MMA step to the largest exponent and truncate (not round) to the fp32
+  significand (Fasi et al. 2021 for V100/A100; Hopper assumed no worse). Each addend then errs
+  by < 2^-23 * M (M <= sum|x_i| bounds every partial sum and addend); with k = 8 products per
+  step: 128 products + 16 accumulator terms + 16 normalizations = 160 error terms
+  < 2^-15.68 * sum|x_i|: b = 15 (one bit below the brief's 16, which assumed rounding).
+- "fp8" (SM90 fp8 MMA): the accumulator keeps 13 fraction bits (e8m13, truncating; reported by
+  the DeepSeek-V3 paper and public measurements). Worst-case model: every one of the 128
+  products plus 4 accumulator steps truncated at 13 fraction bits relative to the running
+  maximum: 132 * 2^-13 < 2^-5.95: b = 5. Typical errors are far smaller (about 2^-12); the
+  GPU tests print the observed worst error in bits. Not measured on hardware here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
+from .numerics import device_guard
+from .scoring import load_q_pairs_t, nvfp4_page_scores, resolve_dot
+from .topk import (EMPTY, empty_topk, load_candidates, merge_rows_per_program, pack_candidate,
+                   store_candidates, topk_insert, write_selection)
+
+# b of SPEC 9's tie tolerance e = 2^-b * max_t sum_d |q_d K_d|, per dot mode (see module doc).
+SCORE_ERROR_BITS = {"fp16": 15, "bf16": 15, "fp8": 5, "fp32": 16}
+
+PROGRAMS_PER_SM = 4  # split target: about this many score programs per SM
+MIN_PAGES_PER_SPLIT = 2  # at full block-table width, at least this many pages per split
+MAX_SPLITS = 256
+MAX_ROWS = 64  # Q * H rows a score program holds (BLOCK_M)
+PAGE = tl.constexpr(PAGE_SIZE)  # tokens per page, for the kernels
+_DEFAULT_NUM_SMS = 132  # used off CUDA (interpreter) and by score_buffer_size without a GPU
+
+
+def block_rows(query_len: int, num_heads: int) -> int:
+    """BLOCK_M: the request's Q*H query rows padded to a power of two >= 16."""
+    return max(16, triton.next_power_of_2(query_len * num_heads))
+
+
+def _num_sms(device=None) -> int:
+    if device is not None and torch.device(device).type != "cuda":
+        return _DEFAULT_NUM_SMS
+    if not torch.cuda.is_available():
+        return _DEFAULT_NUM_SMS
+    idx = torch.device(device).index if device is not None else None
+    if idx is None:
+        idx = torch.cuda.current_device()
+    return torch.cuda.get_device_properties(idx).multi_processor_count
+
+
+def choose_num_splits(num_reqs: int, width: int, num_sms: int) -> int:
+    """NUM_SPLITS for a batch of ``num_reqs`` requests with block tables ``width`` wide on a GPU
+    with ``num_sms`` SMs (static shape only: never the sequence lengths)."""
+    max_pages = max(width - 1, 1)  # history pages <= (W*128 - 1) // 128
+    ns = min(triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_reqs, 1)),
+             triton.cdiv(max_pages, MIN_PAGES_PER_SPLIT), MAX_SPLITS)
+    return max(ns, 1)
+
+
+def _scratch_elems(num_reqs: int, num_splits: int, rows: int) -> int:
+    """int64 candidate scratch elements: [B, BLOCK_M, NUM_SPLITS, 16], none when unsplit."""
+    return 0 if num_splits == 1 else num_reqs * rows * num_splits * 16
+
+
+def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: int = 8, *,
+                      num_sms: int | None = None) -> int:
+    """float32 elements of candidate scratch a ``DecodeRunner`` needs (SPEC 6).
+
+    Args:
+        num_reqs: padded batch size B. num_pages: block-table width W (pages per request).
+        num_heads: index heads H. query_len: Q (1..8).
+        num_sms: SMs of the GPU the runner will use; default: the current CUDA device's, or
+            132 without CUDA.
+    Returns:
+        Number of float32 elements (0 when the runner does not split); a buffer this size can
+        back any runner of these shapes on such a GPU (wrappers that never run at once may
+        share one).
+    """
+    if num_sms is None:
+        num_sms = _num_sms()
+    ns = choose_num_splits(num_reqs, num_pages, num_sms)
+    return 2 * _scratch_elems(num_reqs, ns, block_rows(query_len, num_heads))
+
+
+@triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride"],
+            do_not_specialize_on_alignment=["q_ptr", "bt_ptr", "seq_lens_ptr", "cand_ptr",
+                                            "out_ptr"])
+def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
+                         bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, out_ptr,
+                         Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, DOT: tl.constexpr):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_pages = tl.maximum(seq_len - 1, 0) // PAGE  # history of the last query
+    n_pages = tl.where(n_pages > 15, n_pages, 0)  # only short rows: nothing to score
+    per = tl.cdiv(n_pages, NUM_SPLITS)
+    start = split * per
+    end = tl.minimum(start + per, n_pages)
+
+    m = tl.arange(0, BLOCK_M)
+    i = m // H
+    h = m % H
+    row_ok = m < Q * H
+    p = seq_len - Q + i  # absolute position of query i
+    local = tl.where(p >= 0, p // PAGE, 0)  # padding rows (p < 0) select like L = 0
+    row = (b * Q + i).to(tl.int64)
+    q_even, q_odd = load_q_pairs_t(q_ptr, row * q_row_stride + h * q_head_stride, row_ok, DOT)
+
+    top = empty_topk(BLOCK_M)
+    bt_row = bt_ptr + b.to(tl.int64) * bt_stride
+    for j in range(start, end):
+        block = tl.load(bt_row + j).to(tl.int64)
+        score = nvfp4_page_scores(cache_ptr + block * page_stride, q_even, q_odd, DOT)
+        cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
+        top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+
+    if NUM_SPLITS == 1:
+        write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)
+    else:
+        store_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), top, split, NUM_SPLITS)
+
+
+@triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr", "cand_ptr", "out_ptr"])
+def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, Q: tl.constexpr, H: tl.constexpr,
+                         BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
+    b = tl.program_id(0)
+    m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    i = m // H
+    h = m % H
+    row_ok = m < Q * H
+    seq_len = tl.load(seq_lens_ptr + b)
+    p = seq_len - Q + i
+    local = tl.where(p >= 0, p // PAGE, 0)
+    keys = load_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), row_ok, NUM_SPLITS,
+                           SPLITS_PAD)
+    row = (b * Q + i).to(tl.int64)
+    write_selection(keys, local, out_ptr + (row * H + h) * 16, row_ok)
+
+
+class DecodeRunner:
+    """Capturable decode indexer for one static shape (B, W, Q, H) (SPEC 6).
+
+    Args:
+        num_heads: H (Q*H <= 64). num_reqs: padded batch B. width: block-table width W.
+        query_len: Q (1..8). device: the CUDA device (or CPU under the interpreter).
+        score_buffer: optional float32 scratch of at least ``score_buffer_size(B, W, H, Q)``
+            elements (8-byte aligned) shared with runners that never run concurrently.
+        dot: dot mode (``scoring.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
+            interpreter; "bf16" and "fp8" for comparison (see SCORE_ERROR_BITS).
+        num_splits: override NUM_SPLITS (tests / tuning).
+        warmup: compile both kernels now by one launch on an all-padding batch (default on
+            CUDA), so that capturing ``run`` never compiles.
+    Raises:
+        ValueError: bad sizes or score buffer. NotImplementedError: Q*H > 64.
+    """
+
+    def __init__(self, num_heads: int, num_reqs: int, width: int, query_len: int, device,
+                 score_buffer: torch.Tensor | None = None, *, dot: str | None = None,
+                 num_splits: int | None = None, warmup: bool | None = None):
+        for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
+                              ("width", width, 1), ("query_len", query_len, 1)):
+            if not isinstance(val, int) or val < lo:
+                raise ValueError(f"{name}: expected an int >= {lo}, got {val!r}")
+        if query_len * num_heads > MAX_ROWS:
+            raise NotImplementedError(f"query_len * num_heads: the Triton decode kernel holds "
+                                      f"at most {MAX_ROWS} rows per request, got "
+                                      f"{query_len} * {num_heads}")
+        self.device = torch.device(device)
+        self.num_heads, self.num_reqs, self.width, self.query_len = (num_heads, num_reqs,
+                                                                     width, query_len)
+        self.block_m = block_rows(query_len, num_heads)
+        self.dot = resolve_dot(dot, self.device)
+        self.num_splits = num_splits or choose_num_splits(num_reqs, width,
+                                                          _num_sms(self.device))
+        self.splits_pad = triton.next_power_of_2(self.num_splits)
+        self.merge_rows = merge_rows_per_program(self.num_splits, query_len * num_heads)
+        n = _scratch_elems(num_reqs, self.num_splits, self.block_m)
+        if score_buffer is None:
+            self.scratch = torch.empty(max(n, 1), dtype=torch.int64, device=self.device)
+        else:
+            self.scratch = self._scratch_view(score_buffer, n)
+        if warmup is None:
+            warmup = self.device.type == "cuda"
+        if warmup:
+            self._warmup()
+
+    @property
+    def error_bits(self) -> int:
+        """SPEC 9's b for this runner's dot mode."""
+        return SCORE_ERROR_BITS[self.dot]
+
+    def _scratch_view(self, buf: torch.Tensor, n: int) -> torch.Tensor:
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.float32 or buf.dim() != 1 \
+                or not buf.is_contiguous():
+            raise ValueError("score_buffer: expected a contiguous 1-d float32 tensor, got "
+                             f"{getattr(buf, 'dtype', type(buf))} shape "
+                             f"{tuple(getattr(buf, 'shape', ()))}")
+        if buf.device != self.device:
+            raise ValueError(f"score_buffer: expected a tensor on {self.device}, got {buf.device}")
+        if buf.numel() < 2 * max(n, 1):
+            raise ValueError(f"score_buffer: expected at least {2 * max(n, 1)} float32 elements "
+                             f"(score_buffer_size), got {buf.numel()}")
+        if buf.data_ptr() % 8:
+            raise ValueError("score_buffer: expected an 8-byte aligned start, got data_ptr "
+                             f"{buf.data_ptr():#x}")
+        return buf[:2 * max(n, 1)].view(torch.int64)
+
+    def _warmup(self) -> None:
+        b, w, q, h = self.num_reqs, self.width, self.query_len, self.num_heads
+        dev = self.device
+        index_q = torch.zeros((b * q, h, HEAD_DIM), dtype=torch.float8_e4m3fn, device=dev)
+        from ..reference.paging import new_index_cache
+        cache = new_index_cache(1, device=dev)
+        block_table = torch.zeros((b, w), dtype=torch.int32, device=dev)
+        seq_lens = torch.zeros((b,), dtype=torch.int32, device=dev)
+        out = torch.empty((b * q, h, TOPK), dtype=torch.int32, device=dev)
+        self.run(index_q, cache, block_table, seq_lens, out)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def run(self, index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+            seq_lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Select pages into ``out`` (SPEC 5, 6): no allocation, no sync, capturable.
+
+        Args:
+            index_q: ``float8_e4m3fn [B*Q, H, 128]`` (unit last stride). cache: ``uint8
+            [N, 128, 72]`` paged cache view (page stride = ``cache.stride(0)``).
+            block_table: int32 ``[B, W]`` (unit last stride). seq_lens: int32 ``[B]``.
+            out: int32 ``[B*Q, H, 16]`` contiguous.
+        Values are trusted (validated by the caller's ``plan()``); shapes are checked.
+        Returns ``out``.
+        """
+        b, q, h = self.num_reqs, self.query_len, self.num_heads
+        if tuple(index_q.shape) != (b * q, h, HEAD_DIM) or tuple(out.shape) != (b * q, h, TOPK) \
+                or tuple(block_table.shape) != (b, self.width) or seq_lens.shape[0] != b:
+            raise ValueError(
+                f"DecodeRunner(B={b}, W={self.width}, Q={q}, H={h}).run: expected index_q "
+                f"[{b * q}, {h}, {HEAD_DIM}], block_table [{b}, {self.width}], seq_lens [{b}], "
+                f"out [{b * q}, {h}, {TOPK}]; got {tuple(index_q.shape)}, "
+                f"{tuple(block_table.shape)}, {tuple(seq_lens.shape)}, {tuple(out.shape)}")
+        q8 = index_q.view(torch.uint8)
+        with device_guard(self.device):
+            _decode_score_kernel[(b, self.num_splits)](
+                q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
+                block_table, block_table.stride(0), seq_lens, self.scratch, out,
+                Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
+                DOT=self.dot, num_warps=4, num_stages=2)
+            if self.num_splits > 1:
+                _decode_merge_kernel[(b, triton.cdiv(q * h, self.merge_rows))](
+                    self.scratch, seq_lens, out, Q=q, H=h, BLOCK_M=self.block_m,
+                    NUM_SPLITS=self.num_splits, SPLITS_PAD=self.splits_pad,
+                    ROWS=self.merge_rows, num_warps=4)
+        return out
+
+
+def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, query_len: int, out: torch.Tensor, *,
+                   dot: str | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """Eager decode indexer (SPEC 5, 6): selected pages of a uniform decode batch into ``out``.
+
+    Args:
+        index_q: ``float8_e4m3fn [B*Q, H, 128]``, request-major (row = b*Q + i).
+        cache: ``uint8 [N, 128, 72]`` paged cache. block_table: int32 ``[B, W]``.
+        seq_lens: int32 ``[B]`` (Q <= seq_len <= W*128, or 0 for padding).
+        query_len: Q in 1..8. out: int32 ``[B*Q, H, 16]`` contiguous.
+        dot / num_splits: see ``DecodeRunner``.
+    Inputs are assumed validated (``nvfp4_indexer.api.decode_indexer`` does it). Returns ``out``.
+    """
+    b, w = block_table.shape
+    runner = DecodeRunner(index_q.shape[1], b, w, query_len, index_q.device, dot=dot,
+                          num_splits=num_splits, warmup=False)
+    return runner.run(index_q, cache, block_table, seq_lens, out)

@@ -1,0 +1,268 @@
+"""Shared Triton device functions for the number formats of SPEC 1, and launch helpers.
+
+Every kernel of ``nvfp4_indexer.triton`` builds on these, so the backend rounds identically
+everywhere. Rounding is written with integer bit manipulation on the fp32 bit pattern (bitcast
+to uint32): it gives the same bits in the Triton interpreter (numpy) and on the GPU, with no fp8
+dtype, no approximate division and no reliance on the interpreter's fp8 casts (which mis-round).
+
+Convention: kernels take ``PORTABLE: tl.constexpr``. ``PORTABLE=True`` uses only the integer
+encoders (required under ``TRITON_INTERPRET=1``); ``PORTABLE=False`` lets the E4M3 encoder use
+the GPU's native ``cvt.rn.satfinite`` conversion (SM89+), which gives the same bytes. Launchers
+pass ``portable_default(device)`` unless a test overrides it.
+
+Names here are a stable interface (other kernel modules import them):
+``e4m3_round``, ``e4m3_encode_bits``, ``e4m3_decode``, ``e2m1_encode``, ``e2m1_value``,
+``nvfp4_dequant_e4m3``, ``nvfp4_dequant_e4m3_bits``, ``div_ieee``, ``nvfp4_scale``,
+``nvfp4_quantize_pairs``, ``norm_pow2_scale``, ``gemma_rstd``; Python: ``interpreting``,
+``portable_default``, ``device_guard``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# fp32 bit patterns (uint32) used below (globals read by @triton.jit code must be constexpr).
+_F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
+_F32_INF_BITS = tl.constexpr(0x7F800000)
+_E4M3_MIN_NORMAL_BITS = tl.constexpr(0x3C800000)  # 2^-6, the smallest normal E4M3 magnitude
+_E4M3_MAX_BITS = tl.constexpr(0x43E00000)  # 448, the largest finite E4M3 magnitude
+
+
+# --------------------------------------------------------------------------------------------
+# Python helpers for launchers
+# --------------------------------------------------------------------------------------------
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def portable_default(device) -> bool:
+    """The ``PORTABLE`` constexpr launchers pass for tensors on ``device``: True under the
+    interpreter or off CUDA (integer-only encoders), False on a CUDA GPU (native fp8 casts)."""
+    return interpreting() or torch.device(device).type != "cuda"
+
+
+def device_guard(device):
+    """Context manager making ``device`` current for a launch (multi-GPU safety); no-op off CUDA."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# E4M3 (SPEC 1.1)
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def _e4m3_mag_byte(a):
+    """E4M3 magnitude byte (uint32 0..0x7E) of non-NaN fp32 magnitudes given as bits ``a``
+    (uint32, sign cleared): round to nearest even, saturating at 448 (+inf gives 448)."""
+    # Normal range |x| >= 2^-6: keep 3 mantissa bits of the fp32 pattern, RNE on the 20 dropped
+    # bits (a carry into the exponent is the right answer), then saturate at 448's pattern.
+    r = a + 0x7FFFF + ((a >> 20) & 1)
+    r = tl.minimum(r, _E4M3_MAX_BITS)
+    # E4M3 byte = (fp32 exponent - 120) << 3 | mantissa, i.e. (r >> 20) - (120 << 3).
+    normal = (r >> 20) - 960
+    # Subnormal range |x| < 2^-6: the quantum is 2^-9. With significand m (implicit bit set)
+    # and biased exponent e, |x| / 2^-9 = m >> (141 - e); e <= 120 here so the shift is >= 21,
+    # and shifts >= 25 give 0 (m < 2^24 <= half). Clamped to [21, 25] for every lane.
+    e = (a >> 23).to(tl.int32)
+    sh = tl.minimum(tl.maximum(141 - e, 21), 25).to(tl.uint32)
+    m = (a & 0x7FFFFF) | 0x800000
+    q = m >> sh
+    rem = m & ((tl.full(a.shape, 1, tl.uint32) << sh) - 1)
+    half = tl.full(a.shape, 1, tl.uint32) << (sh - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    sub = q + up.to(tl.uint32)  # 0..8; 8 is byte 0x08 = 2^-6, the right encoding
+    return tl.where(a >= _E4M3_MIN_NORMAL_BITS, normal, sub)
+
+
+@triton.jit
+def _e4m3_mag_value(byte):
+    """fp32 value of an E4M3 magnitude byte (uint32 0..0x7E)."""
+    normal = ((byte + 960) << 20).to(tl.float32, bitcast=True)
+    sub = byte.to(tl.float32) * 0.001953125  # byte * 2^-9, exact
+    return tl.where(byte >= 8, normal, sub)
+
+
+@triton.jit
+def e4m3_round(x):
+    """fp32 -> fp32 on the E4M3 grid (SPEC 1.1): RNE, saturating at +-448 (+-inf -> +-448),
+    NaN kept, sign of zero kept. Integer-bit based; identical in the interpreter and on GPU."""
+    b = x.to(tl.uint32, bitcast=True)
+    a = b & _F32_ABS_MASK
+    mag = _e4m3_mag_value(_e4m3_mag_byte(a)).to(tl.uint32, bitcast=True)
+    # Sign by bits: Triton lowers unary minus to 0 - x, which turns -0.0 into +0.0.
+    r = (mag | (b & 0x80000000)).to(tl.float32, bitcast=True)
+    return tl.where(a > _F32_INF_BITS, x, r)
+
+
+@triton.jit
+def e4m3_encode_bits(x, PORTABLE: tl.constexpr):
+    """fp32 -> uint8 E4M3 byte (SPEC 1.1): RNE, saturating, NaN -> 0x7F, -0.0 -> 0x80.
+
+    PORTABLE=True: integer-bit encoder (interpreter and GPU). PORTABLE=False: the native fp8
+    conversion after a select-based clamp to +-448 (keeps -0.0 and NaN), NaN fixed to 0x7F; GPU
+    only (the interpreter's fp8 cast mis-rounds)."""
+    if PORTABLE:
+        b = x.to(tl.uint32, bitcast=True)
+        a = b & _F32_ABS_MASK
+        byte = _e4m3_mag_byte(a) | ((b >> 24) & 0x80)
+        byte = tl.where(a > _F32_INF_BITS, 0x7F, byte)
+    else:
+        xc = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
+        byte = xc.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        byte = tl.where(x != x, 0x7F, byte)
+    return byte.to(tl.uint8)
+
+
+@triton.jit
+def e4m3_decode(byte):
+    """E4M3 byte (uint8, or any int type holding 0..255) -> exact fp32 value (SPEC 1.1);
+    0x7F / 0xFF decode to NaN. Integer-bit based (no fp8 dtype needed)."""
+    b = byte.to(tl.uint32) & 0xFF
+    e = (b >> 3) & 15
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125  # m * 2^-9
+    mag = tl.where(e == 0, sub, normal)
+    mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag).to(tl.uint32, bitcast=True)
+    return (mag | ((b >> 7) << 31)).to(tl.float32, bitcast=True)  # sign by bits (keeps -0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# E2M1 and NVFP4 (SPEC 1.2 - 1.4)
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def div_ieee(x, y):
+    """IEEE fp32 division, round to nearest (Triton's ``/`` is approximate on NVIDIA GPUs)."""
+    return tl.math.div_rn(x, y)
+
+
+@triton.jit
+def e2m1_encode(v):
+    """E2M1 code (int32 0..15) of fp32 ``v`` already divided by its scale (SPEC 1.3 steps 3-4):
+    round half to even on the grid, saturating at 6 (+-inf -> +-6); zero and NaN give code 0.
+    No clamp (a NaN must fail every comparison, and min/max could swallow it)."""
+    a = tl.abs(v)
+    mag = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) \
+        + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) \
+        + (a > 5.0).to(tl.int32)
+    neg = (v < 0.0) & (mag != 0)
+    return mag | (neg.to(tl.int32) << 3)
+
+
+@triton.jit
+def e2m1_value(code):
+    """fp32 value of E2M1 codes (any int type, 0..15) (SPEC 1.2); code 8 is -0.0."""
+    c = code.to(tl.uint32) & 15
+    e = (c >> 1) & 3
+    m = c & 1
+    big = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)  # codes 2..7
+    small = m.to(tl.float32) * 0.5  # codes 0, 1
+    mag = tl.where((c & 7) >= 2, big, small).to(tl.uint32, bitcast=True)
+    return (mag | ((c >> 3) << 31)).to(tl.float32, bitcast=True)  # sign by bits (keeps -0.0)
+
+
+@triton.jit
+def nvfp4_dequant_e4m3(code, scale_f32):
+    """dequant_e4m3 as an fp32 value (SPEC 1.4): E4M3 rounding of the exact product
+    ``e2m1(code) * scale`` (saturating; a NaN scale gives NaN)."""
+    return e4m3_round(e2m1_value(code) * scale_f32)
+
+
+@triton.jit
+def nvfp4_dequant_e4m3_bits(code, scale_f32, PORTABLE: tl.constexpr):
+    """dequant_e4m3 as a uint8 E4M3 byte (SPEC 1.4): code 8 with a non-negative scale gives
+    0x80, 6 * 448 saturates to 0x7E, a NaN scale gives 0x7F."""
+    return e4m3_encode_bits(e2m1_value(code) * scale_f32, PORTABLE)
+
+
+@triton.jit
+def nvfp4_scale(amax, PORTABLE: tl.constexpr):
+    """Block scale of groups with non-NaN ``amax >= 0`` (fp32, +inf allowed) (SPEC 1.3 step 2):
+    ``encode_e4m3(max(amax, 1e-12) / 6)`` with byte 0x00 replaced by 0x01 (2^-9).
+    Returns ``(scale byte uint8, scale value fp32)``; 2^-9 <= value <= 448."""
+    sb = e4m3_encode_bits(div_ieee(tl.maximum(amax, 1e-12), 6.0), PORTABLE)
+    sb = tl.where(sb == 0, 1, sb).to(tl.uint8)
+    return sb, e4m3_decode(sb)
+
+
+@triton.jit
+def nvfp4_quantize_pairs(x_even, x_odd, PORTABLE: tl.constexpr):
+    """NVFP4-quantize tokens given as two fp32 tiles ``[BT, 8, 8]``: element [t, g, j] of
+    ``x_even`` / ``x_odd`` is dim 16g + 2j / 16g + 2j + 1 of token t (SPEC 1.3).
+
+    Returns ``(codes uint8 [BT, 8, 8], scales uint8 [BT, 8])``: code byte 8g + j of token t
+    (low nibble = even dim, SPEC 2) and the E4M3 scale byte of group g."""
+    ae = tl.where(x_even == x_even, tl.abs(x_even), 0.0)  # NaN elements do not count
+    ao = tl.where(x_odd == x_odd, tl.abs(x_odd), 0.0)
+    amax = tl.maximum(tl.max(ae, axis=2), tl.max(ao, axis=2))
+    sb, s = nvfp4_scale(amax, PORTABLE)
+    s3 = s[:, :, None]
+    ce = e2m1_encode(div_ieee(x_even, s3))  # true IEEE division, not a reciprocal multiply
+    co = e2m1_encode(div_ieee(x_odd, s3))
+    return (ce | (co << 4)).to(tl.uint8), sb
+
+
+# --------------------------------------------------------------------------------------------
+# Gemma RMSNorm helpers (SPEC 3)
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def norm_pow2_scale(amax):
+    """Power of two 2^-k (fp32), k = clamp(exponent(amax), 0, 126), that brings a row with
+    largest magnitude ``amax`` below 4 so its fp32 sum of squares cannot overflow. Exact
+    scaling; rows with amax < 2 get 1. A NaN / inf ``amax`` gives 2^-126 (result NaN anyway)."""
+    k = ((amax.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    k = tl.minimum(tl.maximum(k, 0), 126)
+    return ((127 - k) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def gemma_rstd(sumsq_scaled, scale, eps, HEAD: tl.constexpr):
+    """``1 / sqrt(mean(xs^2) + eps * scale^2)`` for a row scaled by ``scale`` (xs = x * scale),
+    so that ``xs * rstd == x * rsqrt(mean(x^2) + eps)`` (SPEC 3 step 1). Correctly rounded
+    sqrt and division (rsqrt.approx would add error)."""
+    ms = sumsq_scaled * (1.0 / HEAD)  # HEAD is a power of two: exact
+    return div_ieee(1.0, tl.sqrt_rn(ms + eps * (scale * scale)))
+
+
+# --------------------------------------------------------------------------------------------
+# NeoX RoPE helpers (SPEC 3 step 2); ROT = rotary_dim (even, <= 128), H = ROT // 2
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def rope_partner(d, ROT: tl.constexpr):
+    """Dim paired with dim ``d`` by NeoX RoPE: d + H below H, d - H in [H, ROT), else d."""
+    H: tl.constexpr = ROT // 2
+    return tl.where(d < H, d + H, tl.where(d < ROT, d - H, d))
+
+
+@triton.jit
+def rope_freq(d, ROT: tl.constexpr):
+    """Frequency index (column of cos in ``cos_sin_cache``) of rotated dim ``d < ROT``;
+    the sin column is this + H. Meaningless for d >= ROT (loads there must be masked)."""
+    H: tl.constexpr = ROT // 2
+    return tl.where(d < H, d, d - H)
+
+
+@triton.jit
+def rope_combine(y_d, y_p, cos, sin, d, ROT: tl.constexpr):
+    """NeoX rotation of dim ``d`` from its value ``y_d`` and its partner's ``y_p``:
+    ``y_d cos - y_p sin`` below H, ``y_d cos + y_p sin`` in [H, ROT), ``y_d`` unchanged past
+    ROT (selected, so an inf/NaN partner cannot leak in)."""
+    H: tl.constexpr = ROT // 2
+    rot = tl.where(d < H, y_d * cos - y_p * sin, y_d * cos + y_p * sin)
+    return tl.where(d < ROT, rot, y_d)

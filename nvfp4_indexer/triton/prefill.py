@@ -1,0 +1,164 @@
+"""Triton "Q8KV8" prefill indexer: gather history pages into the FP8 workspace, score the
+workspace, select top-k, chunk by chunk (SPEC 4, 5, 7).
+
+Design
+------
+Requests are grouped into chunks whose gathered pages fit ``max_gather_pages``
+(``reference.prefill.plan_chunks``). A request whose last query's local page is <= 15 has only
+short rows (SPEC 5 gives their output by formula), so its pages are not gathered: a chunk
+gathers the pages of the other requests (``gather.gather_into``, one launch) into a workspace
+``float8_e4m3fn [P, 128, 128]`` (token-major).
+
+Score kernel, grid ``(row blocks, NUM_SPLITS)``: a row block is ``BLOCK_M`` (token, head) rows
+of one request (``scoring.plan_row_blocks``); its pages are those below the local page of its
+last row (rows are bottom-right aligned, so that is the block's largest L), 0 when that is
+<= 15. Split s takes the s-th of NUM_SPLITS equal ranges of those pages; per page: a
+``[128 tokens, 128 dims]`` E4M3 tile from the workspace, ``[128, BLOCK_M]`` token scores in one
+K=128 MMA, the NaN-skipping max, insertion into each row's running top-16 (rows with j < L).
+No ``[tokens, heads, pages]`` score tensor exists: each program writes its top-16 lists to the
+candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, 16]``; the merge kernel (grid
+``(blocks, ceil(BLOCK_M / ROWS))``) selects the final 15 and writes SPEC 5's output. With one
+split the score kernel writes the output itself.
+
+Dot modes and their error bounds are those of ``decode`` (``SCORE_ERROR_BITS``). Host syncs
+are allowed in prefill (SPEC 7): the plan reads ``cu_seqlens_q`` and ``seq_lens`` once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import HEAD_DIM, PAGE_SIZE
+from ..reference.prefill import plan_chunks
+from .decode import MAX_SPLITS, PROGRAMS_PER_SM, _num_sms
+from .gather import gather_into
+from .numerics import device_guard, portable_default
+from .scoring import block_rows_info, fp8_page_scores, load_q_t, plan_row_blocks, resolve_dot
+from .topk import (EMPTY, empty_topk, load_candidates, merge_rows_per_program, pack_candidate,
+                   store_candidates, topk_insert, write_selection)
+
+MAX_BLOCK_M = 64  # (token, head) rows per score program
+MIN_PAGES_PER_SPLIT = 4
+SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
+
+
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
+def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
+                          qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr,
+                          H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                          DOT: tl.constexpr):
+    blk = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
+                                              rows, H)
+    n = tl.max(tl.where(row_ok, local, 0), 0)
+    n = tl.where(n > 15, n, 0)  # only short rows: nothing to score
+    per = tl.cdiv(n, NUM_SPLITS)
+    start = split * per
+    end = tl.minimum(start + per, n)
+    q_t = load_q_t(q_ptr, token * q_tok_stride + h * q_head_stride, row_ok, DOT)
+    r = tl.load(blk_ptr + blk)
+    ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * (128 * 128)
+
+    top = empty_topk(BLOCK_M)
+    for j in range(start, end):
+        score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
+        cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
+        top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+
+    if NUM_SPLITS == 1:
+        write_selection(top, local, out_ptr + (token * H + h) * 16, row_ok)
+    else:
+        store_candidates(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), top, split, NUM_SPLITS)
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, out_ptr,
+                          H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                          SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
+    blk = tl.program_id(0)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
+                                              rows, H)
+    row_ok = row_ok & (rows < BLOCK_M)
+    keys = load_candidates(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), row_ok, NUM_SPLITS,
+                           SPLITS_PAD)
+    write_selection(keys, local, out_ptr + (token * H + h) * 16, row_ok)
+
+
+def _num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
+    ns = min(triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_blocks, 1)),
+             triton.cdiv(max(max_pages, 1), MIN_PAGES_PER_SPLIT), MAX_SPLITS)
+    return max(ns, 1)
+
+
+def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_gather_pages: int,
+                    out: torch.Tensor, *, dot: str | None = None,
+                    num_splits: int | None = None) -> torch.Tensor:
+    """Selected pages of prefill requests into ``out`` (SPEC 5, 7).
+
+    Args:
+        index_q: ``float8_e4m3fn [Tp, H, 128]`` (unit last stride). cache: ``uint8 [N, 128, 72]``
+        paged cache. block_table: int32 ``[R, W]`` (unit last stride). cu_seqlens_q: int32
+        ``[R+1]`` (each q_len >= 1). seq_lens: int32 ``[R]`` (q_len <= seq_len <= W*128).
+        max_gather_pages: workspace budget in pages per chunk (>= any request's history).
+        out: int32 ``[Tp, H, 16]`` contiguous.
+        dot: dot mode (``scoring.DOT_MODES``; default fp16 on GPU, fp32 under the
+        interpreter). num_splits: NUM_SPLITS override (tests / tuning).
+    Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
+    Returns ``out``.
+    """
+    t, h, _ = index_q.shape
+    num_reqs = block_table.shape[0]
+    dev = index_q.device
+    if t == 0 or num_reqs == 0:
+        return out
+    qsl = cu_seqlens_q.tolist()
+    sl = seq_lens.tolist()
+    dot = resolve_dot(dot, dev)
+    portable = portable_default(dev)
+    # Pages a request needs gathered: its last query's history, unless all its rows are short.
+    hist = [max(s - 1, 0) // PAGE_SIZE for s in sl]
+    need = [n if n > SHORT_MAX_LOCAL else 0 for n in hist]
+    chunks = plan_chunks(need, max(max_gather_pages, max(need)))
+    ws_pages = max(sum(need[a:b]) for a, b in chunks)
+    workspace = torch.empty((max(ws_pages, 1), PAGE_SIZE, HEAD_DIM), dtype=torch.float8_e4m3fn,
+                            device=dev)
+    longest = max(qsl[i + 1] - qsl[i] for i in range(num_reqs))
+    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
+    q8 = index_q.view(torch.uint8)
+    ws8 = workspace.view(torch.uint8)
+    num_sms = _num_sms(dev)
+    for a, b in chunks:
+        reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(a, b))
+        nb = len(reqs)
+        offsets = [0]
+        for n in need[a:b]:
+            offsets.append(offsets[-1] + n)
+        meta = torch.tensor(reqs + row0s + offsets, dtype=torch.int32).to(dev)
+        blocks, ws_off = meta[:2 * nb], meta[2 * nb:]
+        if offsets[-1]:
+            gather_into(cache, block_table[a:b], ws_off[1:] - ws_off[:-1], ws_off, workspace,
+                        max(need[a:b]), lengths_are_seq_lens=False, portable=portable)
+        score_pages = max(p if p > SHORT_MAX_LOCAL else 0 for p in pages)
+        ns = num_splits or _num_splits(nb, score_pages, num_sms)
+        if score_pages == 0:
+            ns = 1
+        cand = torch.empty((nb * block_m * ns * 16 if ns > 1 else 1,), dtype=torch.int64,
+                           device=dev)
+        with device_guard(dev):
+            _prefill_score_kernel[(nb, ns)](
+                q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
+                blocks, nb, cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
+                DOT=dot, num_warps=4, num_stages=2)
+            if ns > 1:
+                rows = merge_rows_per_program(ns, block_m)
+                _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
+                    cand, cu_seqlens_q, seq_lens, blocks, nb, out, H=h, BLOCK_M=block_m,
+                    NUM_SPLITS=ns, SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows,
+                    num_warps=4)
+    return out

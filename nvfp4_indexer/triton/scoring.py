@@ -1,0 +1,238 @@
+"""Shared device code of the Triton scorers: query and key tiles, one page's scores (SPEC 4).
+
+A page is scored for ``BLOCK_M`` query rows at once as a ``[128 tokens, BLOCK_M rows]`` tile
+``K @ q^T`` on tensor cores (tokens as the MMA M dimension, so the 128-token page fills it),
+then reduced to the page maximum over tokens per row.
+
+NVFP4 pages (decode, ``page_scores``) are dequantized in registers exactly per SPEC 1.4:
+``encode_e4m3(e2m1(code) * scale)``. A code byte holds dims 2i (low nibble) and 2i+1 (high
+nibble), so on the GPU a page is scored as two K=64 products,
+``K_even @ q_even^T + K_odd @ q_odd^T``, which needs no interleaving of the unpacked nibbles
+(the fp32 / interpreter path interleaves and does one K=128 product: fewer interpreted ops).
+FP8 workspace pages (prefill) are one K=128 product.
+
+Dot modes (the ``DOT`` constexpr, a string; error bounds in ``decode.SCORE_ERROR_BITS``):
+
+- "fp16" (GPU default) / "bf16": E4M3 operands converted exactly to fp16 / bf16 (every E4M3
+  value is both), 16-bit MMA with fp32 accumulation, every product exact. fp16 is the default
+  because E4M3 -> fp16 is one hardware conversion per pair on SM89+; the two are equally
+  accurate here.
+- "fp8": fp8 x fp8 MMA; on SM90 the accumulation keeps ~13 fraction bits (truncating).
+- "fp32": the PORTABLE path (interpreter / CPU, or a GPU cross-check): integer-bit decoding
+  and E4M3 rounding (``numerics``) to fp32 values and an IEEE fp32 dot (the interpreter's
+  16-bit dot and fp8 casts are not trustworthy).
+
+Scores: a token score is the fp32 dot; NaN token scores are skipped by the page max and a page
+whose 128 token scores are all NaN scores NaN (SPEC 4). No other values are special: E4M3 has
+no infinities and |q . k| <= 128 * 448^2 is finite.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .numerics import e4m3_decode, nvfp4_dequant_e4m3, portable_default
+
+PAGE_SIZE = tl.constexpr(128)
+CODE_BYTES = tl.constexpr(64)
+SCALES_OFFSET = tl.constexpr(8192)
+
+
+DOT_MODES = ("fp16", "bf16", "fp8", "fp32")
+DEFAULT_GPU_DOT = "fp16"
+
+
+def resolve_dot(dot, device) -> str:
+    """The ``DOT`` constexpr of a launch: ``dot`` if given (one of ``DOT_MODES``), else "fp32"
+    under the interpreter / off CUDA and ``DEFAULT_GPU_DOT`` on a GPU."""
+    if dot is None:
+        return "fp32" if portable_default(device) else DEFAULT_GPU_DOT
+    if dot not in DOT_MODES:
+        raise ValueError(f"dot: expected one of {DOT_MODES}, got {dot!r}")
+    if dot != "fp32" and portable_default(device):
+        raise ValueError(f"dot: only 'fp32' runs under the interpreter / off CUDA, got {dot!r}")
+    return dot
+
+
+@triton.jit
+def e4m3_operand(byte, DOT: tl.constexpr):
+    """MMA operand of E4M3 bytes (uint8) for dot mode ``DOT``; every conversion is exact."""
+    if DOT == "fp32":
+        return e4m3_decode(byte)
+    else:
+        f8 = byte.to(tl.float8e4nv, bitcast=True)
+        if DOT == "fp8":
+            return f8
+        elif DOT == "bf16":
+            return f8.to(tl.bfloat16)
+        else:
+            return f8.to(tl.float16)
+
+
+@triton.jit
+def load_q_pairs_t(q_ptr, row_off, row_mask, DOT: tl.constexpr):
+    """Query operands of ``nvfp4_page_scores`` for rows at byte offsets ``row_off [BLOCK_M]``
+    (int64) of E4M3 bytes ``q_ptr`` (uint8); masked rows load zeros.
+
+    GPU modes: the transposed even / odd dims, two ``[64, BLOCK_M]`` operands. "fp32": the whole
+    transposed rows ``[128, BLOCK_M]`` (fp32), returned twice (the interpreter path scores a
+    page with one K=128 dot: fewer interpreted ops).
+    """
+    if DOT == "fp32":
+        q = load_q_t(q_ptr, row_off, row_mask, DOT)
+        return q, q
+    else:
+        d = tl.arange(0, 64)[:, None]
+        base = q_ptr + row_off[None, :] + 2 * d
+        qe = tl.load(base, mask=row_mask[None, :], other=0)
+        qo = tl.load(base + 1, mask=row_mask[None, :], other=0)
+        return e4m3_operand(qe, DOT), e4m3_operand(qo, DOT)
+
+
+@triton.jit
+def load_q_t(q_ptr, row_off, row_mask, DOT: tl.constexpr):
+    """Transposed query rows: a ``[128, BLOCK_M]`` MMA operand (see ``load_q_pairs_t``)."""
+    d = tl.arange(0, 128)[:, None]
+    q = tl.load(q_ptr + row_off[None, :] + d, mask=row_mask[None, :], other=0)
+    return e4m3_operand(q, DOT)
+
+
+@triton.jit
+def e2m1_pair_f16(code_bytes):
+    """fp16 values (exact, SPEC 1.2) of the low and high E2M1 nibbles of code bytes (uint8).
+
+    A nibble's magnitude bits placed at fp16 bits 9..11 give e2m1 * 2^-14 (code 1 lands on the
+    subnormal 2^-15), its sign at bit 15; one exact multiply by 2^14 restores the value
+    (code 8 gives -0.0). Masks take the nibbles straight from the byte (no unpacking shift).
+    """
+    u = code_bytes.to(tl.uint16)
+    lo = ((u & 0x07) << 9) | ((u & 0x08) << 12)
+    hi = ((u & 0x70) << 5) | ((u & 0x80) << 8)
+    return (lo.to(tl.float16, bitcast=True) * 16384.0,
+            hi.to(tl.float16, bitcast=True) * 16384.0)
+
+
+@triton.jit
+def e4m3_round_operand(x_f16, DOT: tl.constexpr):
+    """encode_e4m3 of exact fp16 products (SPEC 1.1, 1.4) as an MMA operand of ``DOT``
+    (fp16 / bf16 / fp8): one native round-to-nearest-even saturating conversion
+    (``cvt.rn.satfinite``: beyond +-448 -> +-448, NaN -> 0x7F), exact widening after."""
+    k8 = x_f16.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    if DOT == "fp8":
+        return k8
+    elif DOT == "bf16":
+        return k8.to(tl.bfloat16)
+    else:
+        return k8.to(tl.float16)
+
+
+@triton.jit
+def nvfp4_page_operands(page_ptr, DOT: tl.constexpr):
+    """Dequantized keys of one NVFP4 page (SPEC 1.4, 2).
+
+    ``page_ptr`` points at the page's 9216 bytes (uint8): codes of token t at t*64 .. t*64+63,
+    its 8 group scales at 8192 + 8t; code byte i of a token holds dims 2i (low nibble) and
+    2i+1 (high nibble), both in group i // 8.
+
+    GPU modes: two ``[128 tokens, 64]`` operands, dims 0, 2, .., 126 and dims 1, 3, .., 127:
+    ``e2m1 * scale`` is exact in fp16 (at most 6 significant bits, |x| <= 6 * 448 = 2688,
+    nonzero |x| >= 2^-10 stays normal; NaN and negative scales follow IEEE), so one native
+    conversion to E4M3 gives exactly dequant_e4m3. "fp32": one ``[128, 128]`` fp32 tile in
+    dim order (returned twice) from the integer-bit E4M3 rounding of ``numerics``.
+    """
+    t = tl.arange(0, PAGE_SIZE)[:, None]
+    codes = tl.load(page_ptr + t * CODE_BYTES + tl.arange(0, CODE_BYTES)[None, :])
+    sbytes = tl.load(page_ptr + SCALES_OFFSET + t * 8 + tl.arange(0, 8)[None, :])
+    if DOT == "fp32":
+        s8 = e4m3_decode(sbytes)  # [128, 8] fp32 scale values
+        c = tl.interleave(codes & 15, codes >> 4)  # [128, 128] codes in dim order
+        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (PAGE_SIZE, 8, 16)), (PAGE_SIZE, 128))
+        k = nvfp4_dequant_e4m3(c, s)
+        return k, k
+    else:
+        s8 = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
+        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (PAGE_SIZE, 8, 8)),
+                       (PAGE_SIZE, CODE_BYTES))
+        v_lo, v_hi = e2m1_pair_f16(codes)
+        return e4m3_round_operand(v_lo * s, DOT), e4m3_round_operand(v_hi * s, DOT)
+
+
+@triton.jit
+def page_max(token_scores):
+    """Page score per row from ``[128 tokens, BLOCK_M]`` fp32 token scores: max over tokens
+    skipping NaN; NaN when all 128 are NaN (SPEC 4)."""
+    s = tl.where(token_scores == token_scores, token_scores, float("-inf"))
+    m = tl.max(s, 0)
+    return tl.where(m == float("-inf"), float("nan"), m)
+
+
+@triton.jit
+def nvfp4_page_scores(page_ptr, q_even_t, q_odd_t, DOT: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of one NVFP4 page for the rows of ``q_even_t`` / ``q_odd_t``
+    (``load_q_pairs_t``)."""
+    k_lo, k_hi = nvfp4_page_operands(page_ptr, DOT)
+    if DOT == "fp32":  # one K=128 fp32 dot (operands in dim order)
+        acc = tl.dot(k_lo, q_even_t, input_precision="ieee", out_dtype=tl.float32)
+    else:
+        acc = tl.dot(k_lo, q_even_t, input_precision="ieee", out_dtype=tl.float32)
+        acc = tl.dot(k_hi, q_odd_t, acc, input_precision="ieee", out_dtype=tl.float32)
+    return page_max(acc)
+
+
+@triton.jit
+def fp8_page_scores(page_ptr, q_t, DOT: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of one FP8 workspace page (``[128 tokens, 128 dims]`` E4M3
+    bytes, token-major, SPEC 2) for the rows of ``q_t`` (``load_q_t``)."""
+    t = tl.arange(0, PAGE_SIZE)[:, None]
+    kb = tl.load(page_ptr + t * 128 + tl.arange(0, 128)[None, :])
+    k = e4m3_operand(kb, DOT)
+    acc = tl.dot(k, q_t, input_precision="ieee", out_dtype=tl.float32)
+    return page_max(acc)
+
+
+# --------------------------------------------------------------------------------------------
+# Host-side planning shared by the prefill scorer and page_scores
+# --------------------------------------------------------------------------------------------
+
+def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: int,
+                    block_m: int, requests) -> tuple[list[int], list[int], list[int]]:
+    """Split the query rows of ``requests`` into blocks of ``block_m`` (token, head) rows.
+
+    A request's rows are numbered ``(token - q_start) * H + head`` (token-major) and a block
+    never spans two requests. Returns host lists ``(request, first row, pages)`` per block,
+    where ``pages`` is the local page L of the block's last row (rows are bottom-right aligned,
+    so it is the block's largest L; 0 when negative).
+    """
+    reqs, row0s, pages = [], [], []
+    for r in requests:
+        q_len = query_start_loc[r + 1] - query_start_loc[r]
+        rows = q_len * num_heads
+        for row0 in range(0, rows, block_m):
+            t_last = (min(row0 + block_m, rows) - 1) // num_heads
+            p_last = seq_lens[r] - q_len + t_last
+            reqs.append(r)
+            row0s.append(row0)
+            pages.append(max(p_last, 0) // 128)
+    return reqs, row0s, pages
+
+
+@triton.jit
+def block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk, rows,
+                    H: tl.constexpr):
+    """Rows of row block ``blk`` (see ``plan_row_blocks``; ``blk_ptr`` holds int32
+    ``[2, num_blocks]``: request, first row), for in-block row indices ``rows [R]``.
+
+    Returns ``(token [R] int64, head [R], local page [R] (0 for p < 0), row mask [R])``.
+    """
+    r = tl.load(blk_ptr + blk)
+    row0 = tl.load(blk_ptr + num_blocks + blk)
+    q_start = tl.load(qsl_ptr + r)
+    q_len = tl.load(qsl_ptr + r + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + r)
+    m = row0 + rows
+    row_ok = m < q_len * H
+    t = m // H
+    p = seq_len - q_len + t
+    local = tl.where(p >= 0, p // 128, 0)
+    return (q_start + t).to(tl.int64), m % H, local, row_ok

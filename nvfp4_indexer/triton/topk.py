@@ -1,0 +1,129 @@
+"""Top-k page selection on the GPU: packed candidate keys, running top-16, final write (SPEC 5).
+
+A candidate (page score, logical page id) is packed into one int64 whose signed order is the
+selection order of SPEC 5, so a selection step is one ``tl.max``:
+
+- high 32 bits: a monotone int32 key of the fp32 score (``score_key``): larger score -> larger
+  key; -0.0 and +0.0 give the same key (equal scores tie by id); NaN gives INT32_MIN, below
+  every number (-inf included);
+- low 32 bits: ``0xFFFFFFFF - id`` (unsigned), so that at equal keys the smaller id is larger.
+
+``EMPTY`` (INT64_MIN) marks "no candidate" (a page that is not the row's history, an unused
+slot); it sorts below every real candidate, NaN pages included (their low half is never 0).
+
+Scorers keep a running top-16 per query row in registers (``topk_insert``, one candidate per
+page). 16 >= 15 kept history slots, so the 15 best pages of a row are always among the union
+of the per-split top-16 lists, and ``write_selection`` (used by the merge kernels and by
+single-split scorers directly) picks the final 15 by 15 rounds of max-and-remove.
+
+Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, 16]`` (a row's
+candidates contiguous), written completely by every split program, so no initialization is
+needed between runs (CUDA-graph replays).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+TOPK_SLOTS = 16  # per-row candidate list length (power of two >= 15 history slots)
+
+EMPTY = tl.constexpr(-(2 ** 63))  # "no candidate"
+_INT32_MIN = tl.constexpr(-(2 ** 31))
+_LOW_MASK = tl.constexpr(2 ** 32 - 1)
+
+
+@triton.jit
+def score_key(score):
+    """Monotone int32 key of fp32 page scores (SPEC 5 order): x < y => key(x) < key(y),
+    -0.0 and +0.0 share key 0, NaN gets INT32_MIN (below -inf's key)."""
+    s = tl.where(score == 0.0, 0.0, score)  # -0.0 -> +0.0 (equal scores must tie by id)
+    bits = s.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip magnitude bits
+    return tl.where(score != score, _INT32_MIN, key)
+
+
+@triton.jit
+def pack_candidate(score, page_id):
+    """int64 candidate of fp32 ``score`` and int32 logical ``page_id >= 0`` (same shapes)."""
+    return (score_key(score).to(tl.int64) << 32) | (page_id.to(tl.int64) ^ _LOW_MASK)
+
+
+@triton.jit
+def candidate_id(packed):
+    """Logical page id (int32) of packed candidates (meaningless for ``EMPTY``)."""
+    return ((packed & _LOW_MASK) ^ _LOW_MASK).to(tl.int32)
+
+
+@triton.jit
+def empty_topk(ROWS: tl.constexpr):
+    """A running top-16 ``int64 [ROWS, 16]`` with no candidates."""
+    return tl.full([ROWS, 16], EMPTY, tl.int64)
+
+
+@triton.jit
+def topk_insert(top, cand):
+    """Insert one candidate per row: ``top`` int64 ``[R, 16]``, ``cand`` int64 ``[R]``.
+
+    Replaces the row's smallest entry when ``cand`` is larger (EMPTY never displaces
+    anything). Keys of real candidates are distinct, so the kept set is exactly the 16 largest.
+    """
+    col = tl.arange(0, 16)[None, :]
+    low = tl.min(top, 1)
+    first = tl.min(tl.where(top == low[:, None], col, 16), 1)  # one column even among EMPTYs
+    take = (col == first[:, None]) & (cand > low)[:, None]
+    return tl.where(take, cand[:, None], top)
+
+
+@triton.jit
+def write_selection(keys, local_page, out_row_ptr, row_mask):
+    """Select and store the SPEC 5 output of ``R`` query rows.
+
+    Args:
+        keys: int64 ``[R, C]`` candidates of each row (``EMPTY`` where none); every history
+            page of a row with L >= 16 must be present or dominated by 15 present ones.
+        local_page: int32 ``[R]``: L = p // 128, or 0 for padding rows (p < 0).
+        out_row_ptr: ``[R]`` pointers to each row's 16 int32 output slots.
+        row_mask: ``[R]`` bool, rows to store.
+    Output per row: L <= 15 -> ``[0, 1, ..., L, -1, ...]`` (padding rows use L = 0 and get
+    ``[0, -1 x 15]``); L >= 16 -> the 15 largest candidates by key, then L.
+    """
+    slot = tl.arange(0, 16)[None, :]
+    res = tl.full([keys.shape[0], 16], -1, tl.int32)
+    for k in tl.static_range(15):
+        best = tl.max(keys, 1)
+        res = tl.where(slot == k, candidate_id(best)[:, None], res)
+        keys = tl.where(keys == best[:, None], EMPTY, keys)
+    lp = local_page[:, None]
+    res = tl.where(slot == 15, lp, res)
+    res = tl.where(lp <= 15, tl.where(slot <= lp, slot, -1), res)
+    tl.store(out_row_ptr[:, None] + slot, res, mask=row_mask[:, None])
+
+
+@triton.jit
+def load_candidates(scratch_ptr, rows, row_mask, NUM_SPLITS: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr):
+    """Candidates ``int64 [R, SPLITS_PAD * 16]`` of scratch rows ``rows [R]`` (int64 row
+    indices into scratch ``[*, NUM_SPLITS, 16]``), EMPTY in the padding columns."""
+    c = tl.arange(0, SPLITS_PAD * 16)[None, :]
+    ptr = scratch_ptr + rows[:, None] * (NUM_SPLITS * 16) + c
+    ok = row_mask[:, None] & (c < NUM_SPLITS * 16)
+    return tl.load(ptr, mask=ok, other=EMPTY)
+
+
+@triton.jit
+def store_candidates(scratch_ptr, rows, top, split, NUM_SPLITS: tl.constexpr):
+    """Store running top-16 lists ``top [R, 16]`` of scratch rows ``rows [R]`` (int64) as
+    split ``split``'s slice of scratch ``[*, NUM_SPLITS, 16]``."""
+    c = tl.arange(0, 16)[None, :]
+    tl.store(scratch_ptr + rows[:, None] * (NUM_SPLITS * 16) + split * 16 + c, top)
+
+
+def merge_rows_per_program(num_splits: int, rows: int) -> int:
+    """Rows one merge program handles: a power of two <= ``rows`` keeping the candidate tile
+    at <= 4096 int64 elements."""
+    cols = 16 * triton.next_power_of_2(num_splits)
+    r = 1
+    while r * 2 <= rows and r * 2 * cols <= 4096:
+        r *= 2
+    return r

@@ -1,0 +1,152 @@
+"""Public API surface (SPEC 11) on CPU: constants, ``max_gather_pages``, backend dispatch
+("auto" is the reference on CPU), the ``DecodeIndexerWrapper`` with the reference backend, and
+inputs that are legal but unusual (views, narrow tables, head slices)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import bruteforce as bf
+import nvfp4_indexer as ni
+
+REF = {"backend": "reference"}
+
+SPEC_11_NAMES = [
+    "PAGE_SIZE", "HEAD_DIM", "TOPK", "PAGE_BYTES", "encode_e4m3", "quantize_nvfp4",
+    "dequantize_nvfp4", "new_index_cache", "write_index_k", "read_index_k", "insert_index_k",
+    "prepare_index_q", "gather_index_k_fp8", "page_scores", "decode_indexer", "prefill_indexer",
+    "DecodeIndexerWrapper", "max_gather_pages",
+]
+
+
+def test_public_names_and_constants():
+    for name in SPEC_11_NAMES:
+        assert hasattr(ni, name), name
+        assert name in ni.__all__
+    assert (ni.PAGE_SIZE, ni.HEAD_DIM, ni.TOPK, ni.PAGE_BYTES) == (128, 128, 16, 9216)
+
+
+@pytest.mark.parametrize("model_len,tokens", [(1, 1), (128, 32), (129, 1), (1000, 300),
+                                              (131072, 8192), (163840, 65536), (4096, 1024)])
+def test_max_gather_pages(model_len, tokens):
+    want = -(-max(model_len, 4 * tokens) // 128)  # integer ceil
+    assert ni.max_gather_pages(model_len, tokens) == want
+    assert want == math.ceil(max(model_len, 4 * tokens) / 128)
+    assert want * 128 >= model_len  # one request of max_model_len always fits
+
+
+def small_problem(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    seq = [2300, 0, 130, 2700]
+    need = [math.ceil(s / 128) for s in seq]
+    width = max(need) + 3
+    cache = ni.new_index_cache(sum(need) + 2)
+    phys = rng.permutation(sum(need))
+    bt = np.full((len(seq), width), -1, dtype=np.int32)
+    at = 0
+    ks, slots = [], []
+    for r, (s, n) in enumerate(zip(seq, need)):
+        bt[r, :n] = phys[at:at + n]
+        at += n
+        pos = np.arange(s)
+        ks.append(rng.standard_normal((s, 128)).astype(np.float32))
+        slots.append(bt[r, pos // 128].astype(np.int64) * 128 + pos % 128)
+    ni.write_index_k(cache, torch.from_numpy(np.concatenate(ks)),
+                     torch.from_numpy(np.concatenate(slots)), **REF)
+    return cache, torch.from_numpy(bt), torch.tensor(seq, dtype=torch.int32)
+
+
+def q_for(rows: int, heads: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return ni.encode_e4m3(torch.randn(rows, heads, 128, generator=g), **REF)
+
+
+def test_auto_backend_is_reference_on_cpu():
+    cache, bt, seq = small_problem()
+    q = q_for(8, 2, 1)
+    x = torch.randn(5, 128) * 7
+    pairs = [
+        (ni.encode_e4m3(x), ni.encode_e4m3(x, **REF)),
+        (ni.quantize_nvfp4(x)[0], ni.quantize_nvfp4(x, **REF)[0]),
+        (ni.decode_indexer(q, cache, bt, seq, 2),
+         ni.decode_indexer(q, cache, bt, seq, 2, **REF)),
+        (ni.gather_index_k_fp8(cache, bt, seq)[0].view(torch.uint8),
+         ni.gather_index_k_fp8(cache, bt, seq, **REF)[0].view(torch.uint8)),
+    ]
+    for auto, ref in pairs:
+        assert auto.device.type == "cpu"
+        assert torch.equal(auto, ref)
+
+
+def test_decode_head_slice_and_narrow_table_view():
+    cache, bt, seq = small_problem(2)
+    q4 = q_for(8, 4, 3)
+    q2 = q4[:, 1:3]  # non-contiguous head slice, unit stride in the last dim
+    assert not q2.is_contiguous()
+    got = ni.decode_indexer(q2, cache, bt, seq, 2, **REF)
+    assert torch.equal(got, ni.decode_indexer(q4, cache, bt, seq, 2, **REF)[:, 1:3])
+    np.testing.assert_array_equal(got.numpy(), bf.decode(q2.contiguous(), cache, bt, seq, 2))
+    # The narrowest table the requests allow (a column view of the wider one) gives the same.
+    narrow = bt[:, :math.ceil(2700 / 128)]
+    assert torch.equal(ni.decode_indexer(q2, cache, narrow, seq, 2, **REF), got)
+
+
+def test_wrapper_reference_plan_run_and_replay():
+    cache, bt, seq = small_problem(4)
+    q = q_for(8, 2, 5)
+    width = bt.shape[1] + 4
+    bt_buf = torch.full((4, width), -1, dtype=torch.int32)
+    sl_buf = torch.zeros(4, dtype=torch.int32)
+    wr = ni.DecodeIndexerWrapper(2, block_table_buffer=bt_buf, seq_lens_buffer=sl_buf,
+                                 use_cuda_graph=False, backend="reference")
+    wr.plan(bt, seq, 2, num_blocks=cache.shape[0])
+    assert torch.equal(bt_buf[:, :bt.shape[1]], bt) and torch.equal(sl_buf, seq)
+    out = torch.full((8, 2, 16), -7, dtype=torch.int32)
+    assert wr.run(q, cache, out) is out
+    want = ni.decode_indexer(q, cache, bt, seq, 2, **REF)
+    assert torch.equal(out, want)
+    # In-place change of the planned buffers (the engine's persistent tensors) then run again
+    # without a new plan: fresh results (SPEC 6).
+    sl_buf[0] = 2000
+    sl_buf[2] = 0  # now a padding request
+    out.fill_(-7)
+    wr.run(q, cache, out)
+    seq2 = seq.clone()
+    seq2[0], seq2[2] = 2000, 0
+    assert torch.equal(out, ni.decode_indexer(q, cache, bt, seq2, 2, **REF))
+    np.testing.assert_array_equal(out.numpy(), bf.decode(q, cache, bt, seq2, 2))
+    # Planning the buffers themselves (in place) is allowed and copies nothing.
+    wr.plan(bt_buf, sl_buf, 2, num_blocks=cache.shape[0])
+    out2 = wr.run(q, cache, torch.empty_like(out))
+    assert torch.equal(out2, out)
+
+
+def test_wrapper_auto_backend_on_cpu_is_reference():
+    bt_buf = torch.zeros(1, 2, dtype=torch.int32)
+    wr = ni.DecodeIndexerWrapper(1, block_table_buffer=bt_buf,
+                                 seq_lens_buffer=torch.zeros(1, dtype=torch.int32))
+    assert wr.backend == "reference"
+
+
+def test_prefill_default_budget_equals_one_chunk():
+    cache, bt, seq = small_problem(6)
+    seq = seq.clone()
+    seq[1] = 1  # a fresh one-token request instead of the empty one
+    cu = torch.tensor([0, 3, 4, 9, 10], dtype=torch.int32)
+    q = q_for(10, 1, 7)
+    a = ni.prefill_indexer(q, cache, bt, cu, seq, **REF)
+    b = ni.prefill_indexer(q, cache, bt, cu, seq, max_gather_pages=10**6, **REF)
+    assert torch.equal(a, b)
+
+
+def test_read_index_k_matches_gather():
+    cache, bt, seq = small_problem(8)
+    ws, off = ni.gather_index_k_fp8(cache, bt, seq, **REF)
+    j = 5
+    codes, scales = ni.read_index_k(cache, int(bt[0, j]))
+    deq = ni.dequantize_nvfp4(codes, scales, **REF)
+    assert torch.equal(deq.view(torch.uint8), ws[int(off[0]) + j].view(torch.uint8))
