@@ -33,14 +33,15 @@ def encode_e4m3(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """Encode floats to E4M3, round-to-nearest-even, saturating (SPEC 1.1).
 
     Args:
-        x: float32/float16/bfloat16 tensor, any shape (fp16/bf16 are converted to fp32 first).
+        x: float32/float16/bfloat16/float64 tensor, any shape (converted to fp32 first).
     Returns:
         ``float8_e4m3fn`` tensor of ``x``'s shape: beyond +-448 and +-inf give +-448, NaN gives
         byte 0x7F, -0.0 gives 0x80.
     Raises:
         TypeError / ValueError: ``x`` is not a float tensor of a supported dtype.
     """
-    v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES)
+    v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES + (torch.float64,))
+    x = x.float() if x.dtype == torch.float64 else x  # SPEC 1.1: converted to fp32 first
     if v.check_backend(backend, x.device) == "triton":
         return _triton("encode").encode_e4m3(x)
     return ref.encode_e4m3(x)
@@ -57,7 +58,8 @@ def quantize_nvfp4(x: torch.Tensor, *, backend: str = "auto"):
     Raises:
         ValueError: wrong dtype or last dim not 128.
     """
-    v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES)
+    v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES + (torch.float64,))
+    x = x.float() if x.dtype == torch.float64 else x  # converted to fp32 first
     if x.dim() < 1 or x.shape[-1] != HEAD_DIM:
         v.fail("x", f"shape [..., {HEAD_DIM}]", f"shape {tuple(x.shape)}")
     if v.check_backend(backend, x.device) == "triton":
@@ -167,6 +169,7 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     v.check_norm_inputs("k", k, positions, k_norm_weight, "k_norm_weight", cos_sin_cache,
                         rotary_dim, eps, dev)
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
+    cos_sin_cache = _fp32_if_double(cos_sin_cache)
     if v.check_backend(backend, dev) == "triton":
         return _triton("insert").insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
                                                 cos_sin_cache, rotary_dim, eps)
@@ -190,10 +193,16 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     v.check_tensor("q", q, dtypes=v.FLOAT_DTYPES, shape=(None, None, HEAD_DIM))
     v.check_norm_inputs("q", q, positions, q_norm_weight, "q_norm_weight", cos_sin_cache,
                         rotary_dim, eps, q.device)
+    cos_sin_cache = _fp32_if_double(cos_sin_cache)
     if v.check_backend(backend, q.device) == "triton":
         return _triton("query").prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
                                                 rotary_dim, eps)
     return ref.prepare_index_q(q, positions, q_norm_weight, cos_sin_cache, rotary_dim, eps)
+
+
+def _fp32_if_double(t: torch.Tensor) -> torch.Tensor:
+    """SPEC 3: cos/sin are used in fp32; a float64 table is converted once."""
+    return t.float() if t.dtype == torch.float64 else t
 
 
 def _check_paged(cache, block_table, seq_lens):

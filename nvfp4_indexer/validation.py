@@ -99,7 +99,8 @@ def check_norm_inputs(x_name, x, positions, weight, weight_name, cos_sin_cache, 
     t = x.shape[0]
     check_tensor("positions", positions, dtypes=INT_DTYPES, shape=(t,), device=device)
     check_tensor(weight_name, weight, dtypes=FLOAT_DTYPES, shape=(HEAD_DIM,), device=device)
-    check_tensor("cos_sin_cache", cos_sin_cache, dtypes=FLOAT_DTYPES, ndim=2, device=device)
+    check_tensor("cos_sin_cache", cos_sin_cache, dtypes=FLOAT_DTYPES + (torch.float64,), ndim=2,
+                 device=device)
     if not isinstance(rotary_dim, int) or rotary_dim <= 0 or rotary_dim % 2 \
             or rotary_dim > HEAD_DIM:
         fail("rotary_dim", f"an even int in 2..{HEAD_DIM}", repr(rotary_dim))

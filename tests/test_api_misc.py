@@ -150,3 +150,23 @@ def test_read_index_k_matches_gather():
     codes, scales = ni.read_index_k(cache, int(bt[0, j]))
     deq = ni.dequantize_nvfp4(codes, scales, **REF)
     assert torch.equal(deq.view(torch.uint8), ws[int(off[0]) + j].view(torch.uint8))
+
+
+def test_empty_batches():
+    cache = ni.new_index_cache(2)
+    bt0 = torch.zeros(0, 3, dtype=torch.int32)
+    s0 = torch.zeros(0, dtype=torch.int32)
+    q0 = torch.zeros(0, 2, 128, dtype=torch.float8_e4m3fn)
+    ws, off = ni.gather_index_k_fp8(cache, bt0, s0, **REF)
+    assert ws.shape == (0, 128, 128) and off.tolist() == [0]
+    assert ni.prefill_indexer(q0, cache, bt0, torch.zeros(1, dtype=torch.int32), s0,
+                              **REF).shape == (0, 2, 16)
+    assert ni.page_scores(q0, cache, torch.zeros(1, 3, dtype=torch.int32),
+                          torch.tensor([5], dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                          **REF).shape == (0, 2, 3)
+    # All-padding decode on an empty cache with a zero-width block table.
+    out = ni.decode_indexer(torch.zeros(4, 1, 128, dtype=torch.float8_e4m3fn),
+                            ni.new_index_cache(0), torch.zeros(2, 0, dtype=torch.int32),
+                            torch.zeros(2, dtype=torch.int32), 2, **REF)
+    assert out.shape == (4, 1, 16)
+    assert torch.all(out[..., 0] == 0) and torch.all(out[..., 1:] == -1)

@@ -34,7 +34,10 @@ class Batch:
         total = sum(need) + spare
         width = max(need + [0]) + width_extra
         phys = rng.permutation(total)
+        # Garbage past each request's pages: fixed bad ids and random big ones.
         bt = rng.choice(GARBAGE_IDS, size=(len(need), width)).astype(np.int32)
+        big = rng.integers(total, 2**31 - 1, size=bt.shape, dtype=np.int64).astype(np.int32)
+        bt = np.where(rng.random(bt.shape) < 0.5, bt, big)
         at = 0
         for r, n in enumerate(need):
             bt[r, :n] = phys[at:at + n]

@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import torch
 
-from ..constants import PAGE_SIZE
-from .formats import decode_e4m3, dequantize_nvfp4
+from ..constants import GROUP_SIZE, PAGE_SIZE
+from .formats import decode_e4m3, dequant_table, unpack_e2m1
 from .paging import history_pages, read_blocks
 
 # float64 elements one score block may hold (bounds the reference's memory: 256 MiB).
 _BLOCK_ELEMS = 1 << 25
 
 
+_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
 def dequantize_pages(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Keys of physical ``blocks [n]`` as ``float8_e4m3fn [n, 128, 128]`` (SPEC 1.4, 2)."""
+    """Keys of physical ``blocks [n]`` as ``float8_e4m3fn [n, 128, 128]`` (SPEC 1.4, 2).
+
+    Same bytes as ``dequantize_nvfp4`` (tested bitwise), through its 16 x 256 table: one
+    gather per value instead of the elementwise rounding, which dominates reference scoring.
+    """
     codes, scales = read_blocks(cache, blocks)
-    return dequantize_nvfp4(codes, scales)
+    table = _TABLES.get(cache.device)
+    if table is None:
+        table = _TABLES[cache.device] = dequant_table(cache.device)
+    s = scales.view(torch.uint8).to(torch.long).repeat_interleave(GROUP_SIZE, dim=-1)
+    return table[unpack_e2m1(codes).to(torch.long), s].view(torch.float8_e4m3fn)
 
 
 def nan_max(x: torch.Tensor, dim: int) -> torch.Tensor:
