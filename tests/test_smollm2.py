@@ -143,7 +143,9 @@ def test_unpermute_qk_rows():
     d, heads = 8, 2
     # GGUF row h*D + 2i + j holds HF row h*D + j*D/2 + i
     hf = torch.arange(heads * d, dtype=torch.float32)[:, None].repeat(1, 3)
-    gguf_rows = [h * d + j * d // 2 + i for h in range(heads) for i in range(d // 2) for j in (0, 1)]
+    gguf_rows = [
+        h * d + j * d // 2 + i for h in range(heads) for i in range(d // 2) for j in (0, 1)
+    ]
     torch.testing.assert_close(sm.unpermute_qk_rows(hf[gguf_rows], heads), hf)
 
 

@@ -94,7 +94,9 @@ def main(argv=None) -> int:
     log(f"device {device}, backend {args.backend}, torch {torch.__version__}")
     if args.activations:
         saved = torch.load(args.activations)
-        data, facts = saved["layers"], saved["facts"]
+        data = {l: {k: v.float() if v.is_floating_point() else v for k, v in d.items()}
+                for l, d in saved["layers"].items()}
+        facts = saved["facts"]
         layers = [l for l in layers if l in data] or sorted(data)
         log(f"loaded projections of layers {layers} from {args.activations}")
     elif args.random:
@@ -104,8 +106,10 @@ def main(argv=None) -> int:
         log(f"running SmolLM2-135M on {args.tokens} tokens, capturing layers {layers}")
         data, facts = capture_model(args.tokens, layers)
         log(f"model done: {facts}")
-    if args.save_activations:
-        torch.save({"layers": data, "facts": facts}, args.save_activations)
+    if args.save_activations:  # fp16 halves the file; the indexer inputs are fp32 again on load
+        half = {l: {k: v.half() if v.is_floating_point() else v for k, v in d.items()}
+                for l, d in data.items()}
+        torch.save({"layers": half, "facts": facts}, args.save_activations)
         log(f"saved projections to {args.save_activations}")
     compare = device.type == "cuda" and args.backend in ("auto", "triton")
     results = []

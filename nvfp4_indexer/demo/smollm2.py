@@ -22,8 +22,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -118,7 +119,7 @@ def load_tokenizer(path: str | pathlib.Path | None = None):
     )
     tok.decoder = decoders.ByteLevel()
     # GGUF token type 3 = CONTROL.
-    control = [t for t, ty in zip(tokens, types) if int(ty) == 3]
+    control = [t for t, ty in zip(tokens, types, strict=True) if int(ty) == 3]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     return tok
 
@@ -159,7 +160,7 @@ class SmolLM2Config:
     eos_token_id: int = 2
 
     @classmethod
-    def from_reader(cls, reader) -> "SmolLM2Config":
+    def from_reader(cls, reader) -> SmolLM2Config:
         arch = _field(reader, "general.architecture")
         if arch != "llama":
             raise ValueError(f"unexpected architecture {arch!r}")

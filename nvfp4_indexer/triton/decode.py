@@ -211,6 +211,8 @@ class DecodeRunner:
                                       f"at most {MAX_ROWS} rows per request, got "
                                       f"{query_len} * {num_heads}")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_heads, self.num_reqs, self.width, self.query_len = (num_heads, num_reqs,
                                                                      width, query_len)
         self.block_m = block_rows(query_len, num_heads)
