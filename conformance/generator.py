@@ -79,12 +79,13 @@ PROFILES = {
                        decode_cases=28, max_batch=8, long_lens=(2049, 4096, 4097, 8191, 16385),
                        case_tokens=48_000, prefill_cases=10, max_new_tokens=256,
                        mixed_cases=4, wrapper_replays=5, wrapper_batch=4, max_position=32768),
-    "full": Profile("full", codec_random=1 << 22, quant_vectors=4096, write_cases=8,
-                    write_tokens=8192, insert_cases=8, insert_tokens=4096, gather_cases=8,
-                    decode_cases=42, max_batch=64,
+    # Sized to finish in about 3 minutes on one H200 (data generation runs on the host).
+    "full": Profile("full", codec_random=1 << 20, quant_vectors=1024, write_cases=6,
+                    write_tokens=4096, insert_cases=6, insert_tokens=2048, gather_cases=6,
+                    decode_cases=20, max_batch=64,
                     long_lens=(2049, 8192, 32769, 65536, 100_000, 131_072),
-                    case_tokens=2_000_000, prefill_cases=14, max_new_tokens=2048,
-                    mixed_cases=6, wrapper_replays=10, wrapper_batch=32, max_position=131_072),
+                    case_tokens=600_000, prefill_cases=8, max_new_tokens=2048,
+                    mixed_cases=4, wrapper_replays=10, wrapper_batch=16, max_position=131_072),
 }
 
 

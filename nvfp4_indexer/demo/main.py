@@ -23,7 +23,7 @@ from .report import print_table, write_report
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="nvfp4-indexer demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("--tokens", type=int, default=8192, help="context length (default 8192, the model maximum)")
     p.add_argument("--layers", default="4,12,20,28", help="model layers (default 4,12,20,28)")
     p.add_argument("--heads", type=int, default=2, help="index heads H (1..3, default 2)")
     p.add_argument("--query-len", type=int, default=4, help="decode queries per request")

@@ -16,6 +16,14 @@ insertion of (score, j) into each row's running top-16, only for rows with j < t
 L_i = (seq_len - Q + i) // 128. Each program writes its complete top-16 lists to the candidate
 scratch ``int64 [B, BLOCK_M, NUM_SPLITS, 16]`` (see ``topk``).
 
+Dequantization (the ``DEQUANT`` constexpr, ``DecodeRunner(dequant=...)``): "triton" (default)
+is ``scoring.nvfp4_page_scores``; "ptx" / "ptx_arith" (GPU, dot "fp16") are
+``scoring.nvfp4_page_scores_ptx``: code bytes read as uint16 pairs, inline-PTX dequantization
+(bit-exact SPEC 1.4, "ptx_arith" without conversion instructions, which are slow on Hopper)
+and four K=32 fp16 MMAs over dims 4i + j. ``TOPK_SKIP`` updates the running top-16 only when
+some row's candidate beats that row's smallest kept entry (identical lists). These and
+num_warps / num_stages / programs_per_sm are tuning knobs for ``benchmarks/dequant_lab.py``.
+
 Merge kernel, grid ``(B, ceil(Q*H / ROWS))``: loads the ``NUM_SPLITS * 16`` candidates of ROWS
 rows and writes the final SPEC 5 output (15 rounds of max-and-remove, slot 15 = L, short and
 padding rows by formula). With ``NUM_SPLITS == 1`` the score kernel writes the output itself
@@ -59,10 +67,25 @@ import triton
 import triton.language as tl
 
 from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
-from .numerics import device_guard
-from .scoring import load_q_pairs_t, nvfp4_page_scores, resolve_dot
-from .topk import (EMPTY, empty_topk, load_candidates, merge_rows_per_program, pack_candidate,
-                   store_candidates, topk_insert, write_selection)
+from .numerics import device_guard, portable_default
+from .scoring import (
+    DEQUANT_MODES,
+    load_q_pairs_t,
+    load_q_quads_t,
+    nvfp4_page_scores,
+    nvfp4_page_scores_ptx,
+    resolve_dot,
+)
+from .topk import (
+    EMPTY,
+    empty_topk,
+    load_candidates,
+    merge_rows_per_program,
+    pack_candidate,
+    store_candidates,
+    topk_insert,
+    write_selection,
+)
 
 # b of SPEC 9's tie tolerance e = 2^-b * max_t sum_d |q_d K_d|, per dot mode (see module doc).
 SCORE_ERROR_BITS = {"fp16": 15, "bf16": 15, "fp8": 5, "fp32": 16}
@@ -91,11 +114,13 @@ def _num_sms(device=None) -> int:
     return torch.cuda.get_device_properties(idx).multi_processor_count
 
 
-def choose_num_splits(num_reqs: int, width: int, num_sms: int) -> int:
+def choose_num_splits(num_reqs: int, width: int, num_sms: int,
+                      programs_per_sm: int = PROGRAMS_PER_SM) -> int:
     """NUM_SPLITS for a batch of ``num_reqs`` requests with block tables ``width`` wide on a GPU
-    with ``num_sms`` SMs (static shape only: never the sequence lengths)."""
+    with ``num_sms`` SMs (static shape only: never the sequence lengths); about
+    ``programs_per_sm`` score programs per SM."""
     max_pages = max(width - 1, 1)  # history pages <= (W*128 - 1) // 128
-    ns = min(triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_reqs, 1)),
+    ns = min(triton.cdiv(programs_per_sm * num_sms, max(num_reqs, 1)),
              triton.cdiv(max_pages, MIN_PAGES_PER_SPLIT), MAX_SPLITS)
     return max(ns, 1)
 
@@ -131,7 +156,8 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
 def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
                          bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, out_ptr,
                          Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, DOT: tl.constexpr):
+                         NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
+                         DEQUANT: tl.constexpr = "triton", TOPK_SKIP: tl.constexpr = False):
     b = tl.program_id(0)
     split = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -148,15 +174,32 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
     p = seq_len - Q + i  # absolute position of query i
     local = tl.where(p >= 0, p // PAGE, 0)  # padding rows (p < 0) select like L = 0
     row = (b * Q + i).to(tl.int64)
-    q_even, q_odd = load_q_pairs_t(q_ptr, row * q_row_stride + h * q_head_stride, row_ok, DOT)
+    q_off = row * q_row_stride + h * q_head_stride
+    if DEQUANT != "triton":
+        q0, q1, q2, q3 = load_q_quads_t(q_ptr, q_off, row_ok)
+    else:
+        q_even, q_odd = load_q_pairs_t(q_ptr, q_off, row_ok, DOT)
 
     top = empty_topk(BLOCK_M)
+    low = tl.full([BLOCK_M], EMPTY, tl.int64)  # each row's smallest kept entry (TOPK_SKIP)
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
     for j in range(start, end):
         block = tl.load(bt_row + j).to(tl.int64)
-        score = nvfp4_page_scores(cache_ptr + block * page_stride, q_even, q_odd, DOT)
+        if DEQUANT != "triton":
+            score = nvfp4_page_scores_ptx(cache_ptr + block * page_stride, q0, q1, q2, q3,
+                                          DEQUANT)
+        else:
+            score = nvfp4_page_scores(cache_ptr + block * page_stride, q_even, q_odd, DOT)
         cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
-        top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+        cand = tl.where(j < local, cand, EMPTY)
+        if TOPK_SKIP:
+            # Insert only when some row's candidate beats that row's smallest kept entry:
+            # otherwise topk_insert leaves every row unchanged (same lists, fewer ops).
+            if tl.max((cand > low).to(tl.int32), 0) != 0:
+                top = topk_insert(top, cand)
+                low = tl.min(top, 1)
+        else:
+            top = topk_insert(top, cand)
 
     if NUM_SPLITS == 1:
         write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)
@@ -193,15 +236,29 @@ class DecodeRunner:
         dot: dot mode (``scoring.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison (see SCORE_ERROR_BITS).
         num_splits: override NUM_SPLITS (tests / tuning).
+        dequant: how a page is dequantized (``scoring.DEQUANT_MODES``): "triton" (default,
+            Triton ops, every dot mode), "ptx" (inline PTX with native E4M3 conversions) or
+            "ptx_arith" (inline PTX, rounding by fp16 arithmetic, no conversion
+            instructions); both ptx modes are bit-exact SPEC 1.4, need a CUDA GPU (SM89+)
+            and dot "fp16", and score with four K=32 MMAs (same error bound as "fp16").
+        topk_skip: skip the running top-16 update of a page when no row's candidate beats
+            that row's smallest kept entry (identical lists; tuning knob, default off).
+        num_warps / num_stages: score-kernel launch options (tuning; default 4 / 2).
+        programs_per_sm: split target used by ``choose_num_splits`` (default
+            ``PROGRAMS_PER_SM``; ignored when ``num_splits`` is given).
         warmup: compile both kernels now by one launch on an all-padding batch (default on
             CUDA), so that capturing ``run`` never compiles.
     Raises:
-        ValueError: bad sizes or score buffer. NotImplementedError: Q*H > 64.
+        ValueError: bad sizes, score buffer or tuning knob (a ptx dequant mode off CUDA / under
+            the interpreter or with a dot mode other than "fp16"). NotImplementedError:
+            Q*H > 64.
     """
 
     def __init__(self, num_heads: int, num_reqs: int, width: int, query_len: int, device,
                  score_buffer: torch.Tensor | None = None, *, dot: str | None = None,
-                 num_splits: int | None = None, warmup: bool | None = None):
+                 num_splits: int | None = None, warmup: bool | None = None,
+                 dequant: str = "triton", topk_skip: bool = False, num_warps: int = 4,
+                 num_stages: int = 2, programs_per_sm: int = PROGRAMS_PER_SM):
         for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
                               ("width", width, 1), ("query_len", query_len, 1)):
             if not isinstance(val, int) or val < lo:
@@ -217,8 +274,21 @@ class DecodeRunner:
                                                                      width, query_len)
         self.block_m = block_rows(query_len, num_heads)
         self.dot = resolve_dot(dot, self.device)
+        if dequant not in DEQUANT_MODES:
+            raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
+        if dequant != "triton" and (self.dot != "fp16" or portable_default(self.device)):
+            raise ValueError(f"dequant: {dequant!r} needs a CUDA GPU and dot 'fp16', got dot "
+                             f"{self.dot!r} on {self.device}")
+        if num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps: expected a power of two in 1..16, got {num_warps!r}")
+        for name, val in (("num_stages", num_stages), ("programs_per_sm", programs_per_sm)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
+        self.dequant, self.topk_skip = dequant, bool(topk_skip)
+        self.num_warps, self.num_stages = num_warps, num_stages
         self.num_splits = num_splits or choose_num_splits(num_reqs, width,
-                                                          _num_sms(self.device))
+                                                          _num_sms(self.device),
+                                                          programs_per_sm)
         self.splits_pad = triton.next_power_of_2(self.num_splits)
         self.merge_rows = merge_rows_per_program(self.num_splits, query_len * num_heads)
         n = _scratch_elems(num_reqs, self.num_splits, self.block_m)
@@ -291,7 +361,8 @@ class DecodeRunner:
                 q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
                 block_table, block_table.stride(0), seq_lens, self.scratch, out,
                 Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
-                DOT=self.dot, num_warps=4, num_stages=2)
+                DOT=self.dot, DEQUANT=self.dequant, TOPK_SKIP=self.topk_skip,
+                num_warps=self.num_warps, num_stages=self.num_stages)
             if self.num_splits > 1:
                 _decode_merge_kernel[(b, triton.cdiv(q * h, self.merge_rows))](
                     self.scratch, seq_lens, out, Q=q, H=h, BLOCK_M=self.block_m,
@@ -302,7 +373,8 @@ class DecodeRunner:
 
 def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                    seq_lens: torch.Tensor, query_len: int, out: torch.Tensor, *,
-                   dot: str | None = None, num_splits: int | None = None) -> torch.Tensor:
+                   dot: str | None = None, num_splits: int | None = None,
+                   **tuning) -> torch.Tensor:
     """Eager decode indexer (SPEC 5, 6): selected pages of a uniform decode batch into ``out``.
 
     Args:
@@ -310,10 +382,11 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
         cache: ``uint8 [N, 128, 72]`` paged cache. block_table: int32 ``[B, W]``.
         seq_lens: int32 ``[B]`` (Q <= seq_len <= W*128, or 0 for padding).
         query_len: Q in 1..8. out: int32 ``[B*Q, H, 16]`` contiguous.
-        dot / num_splits: see ``DecodeRunner``.
+        dot / num_splits / tuning (dequant, topk_skip, num_warps, num_stages,
+        programs_per_sm): see ``DecodeRunner``.
     Inputs are assumed validated (``nvfp4_indexer.api.decode_indexer`` does it). Returns ``out``.
     """
     b, w = block_table.shape
     runner = DecodeRunner(index_q.shape[1], b, w, query_len, index_q.device, dot=dot,
-                          num_splits=num_splits, warmup=False)
+                          num_splits=num_splits, warmup=False, **tuning)
     return runner.run(index_q, cache, block_table, seq_lens, out)

@@ -127,6 +127,141 @@ def e4m3_round_operand(x_f16, DOT: tl.constexpr):
         return k8.to(tl.float16)
 
 
+# Inline-PTX dequantization (``DEQUANT="ptx"``, SM89+). ``pack=2`` over uint16 code pairs:
+# $4 = 4 code bytes [b3 b2 b1 b0] (element 0 = bytes b1 b0, element 1 = b3 b2), $5 = their
+# fp16 scales (f16x2). Outputs (f16x2, half i = element i): $0 = low nibbles of b0 / b2,
+# $1 = high nibbles of b0 / b2, $2 = low nibbles of b1 / b3, $3 = high nibbles of b1 / b3.
+# Each output half depends only on its own element's bytes and scale (any packing order).
+# Per f16x2: a sign-replicating byte permute builds halves [S(b) : b] (S = 0xFF if bit 7 of b
+# is set); << 5 and the mask 0x8E00 per half move bits 4..6 of b onto fp16 bits 9..11 and
+# bit 7 onto the sign: e2m1 * 2^-14 exactly (code 1 is the subnormal 2^-15, code 8 is -0.0).
+# Low nibbles take the same steps on w << 4. Then * 2^14 and * scale (both exact, see
+# ``nvfp4_page_operands``), one RNE saturating conversion to E4M3 (NaN -> 0x7F, beyond +-448
+# -> +-448) and the exact widening back to fp16.
+_PTX_HEAD = """{
+.reg .b32 w4, x0, x1, x2, x3, k14;
+mov.b32 k14, 0x74007400;
+shl.b32 w4, $4, 4;
+prmt.b32 x0, w4, w4, 0xA280;
+prmt.b32 x1, $4, $4, 0xA280;
+prmt.b32 x2, w4, w4, 0xB391;
+prmt.b32 x3, $4, $4, 0xB391;
+shl.b32 x0, x0, 5;
+shl.b32 x1, x1, 5;
+shl.b32 x2, x2, 5;
+shl.b32 x3, x3, 5;
+and.b32 x0, x0, 0x8E008E00;
+and.b32 x1, x1, 0x8E008E00;
+and.b32 x2, x2, 0x8E008E00;
+and.b32 x3, x3, 0x8E008E00;
+mul.rn.f16x2 x0, x0, k14;
+mul.rn.f16x2 x1, x1, k14;
+mul.rn.f16x2 x2, x2, k14;
+mul.rn.f16x2 x3, x3, k14;
+mul.rn.f16x2 x0, x0, $5;
+mul.rn.f16x2 x1, x1, $5;
+mul.rn.f16x2 x2, x2, $5;
+mul.rn.f16x2 x3, x3, $5;
+"""
+
+# "ptx": native conversions (two F2FP per f16x2: round to E4M3, widen back).
+_PTX_CVT_TAIL = """.reg .b16 e0, e1, e2, e3;
+cvt.rn.satfinite.e4m3x2.f16x2 e0, x0;
+cvt.rn.satfinite.e4m3x2.f16x2 e1, x1;
+cvt.rn.satfinite.e4m3x2.f16x2 e2, x2;
+cvt.rn.satfinite.e4m3x2.f16x2 e3, x3;
+cvt.rn.f16x2.e4m3x2 $0, e0;
+cvt.rn.f16x2.e4m3x2 $1, e1;
+cvt.rn.f16x2.e4m3x2 $2, e2;
+cvt.rn.f16x2.e4m3x2 $3, e3;
+}"""
+
+# "ptx_arith": the same E4M3 rounding without conversion instructions (slow on Hopper).
+# a = min.NaN(|x|, 448) (saturation; NaN propagates); M = 2^(e+7) for a in [2^e, 2^(e+1)),
+# at least 2 (e <= -6: the E4M3 subnormal quantum 2^-9): built on the fp16 bits as
+# max_u16((a & 0x7C00) + 0x1C00, 0x4000). Then (a + M) - M: the sum lies in [M, 2M), where
+# the fp16 ulp is 2^(e-3) = the E4M3 quantum (2^-9 for M = 2), so the addition rounds a to
+# nearest-even on the E4M3 grid and the subtraction is exact; finally x's sign goes back on
+# (keeps -0.0). NaN stays NaN through every step.
+_PTX_ARITH_ROUND = """abs.f16x2 {a}, {x};
+min.NaN.f16x2 {a}, {a}, k448;
+and.b32 {m}, {a}, 0x7C007C00;
+add.u32 {m}, {m}, 0x1C001C00;
+max.u16x2 {m}, {m}, kmin;
+add.rn.f16x2 {a}, {a}, {m};
+sub.rn.f16x2 {a}, {a}, {m};
+lop3.b32 {d}, {a}, {x}, 0x80008000, 0xD8;
+"""
+_PTX_ARITH_TAIL = (".reg .b32 k448, kmin, a0, a1, a2, a3, m0, m1, m2, m3;\n"
+                   "mov.b32 k448, 0x5F005F00;\nmov.b32 kmin, 0x40004000;\n"
+                   + "".join(_PTX_ARITH_ROUND.format(a=f"a{i}", m=f"m{i}", x=f"x{i}", d=f"${i}")
+                             for i in range(4)) + "}")
+
+_DEQUANT_PTX = tl.constexpr(_PTX_HEAD + _PTX_CVT_TAIL)
+_DEQUANT_PTX_ARITH = tl.constexpr(_PTX_HEAD + _PTX_ARITH_TAIL)
+DEQUANT_MODES = ("triton", "ptx", "ptx_arith")
+
+
+@triton.jit
+def nvfp4_dequant_ptx(code_pairs, scale_f16, DEQUANT: tl.constexpr = "ptx"):
+    """dequant_e4m3 (SPEC 1.4), widened exactly to fp16, of the four nibbles of uint16 code
+    pairs ``code_pairs`` (byte 2i + 1 in the high byte, as two code bytes load little-endian)
+    with their group scales ``scale_f16`` (fp16 holding E4M3 values, same shape).
+
+    Returns four fp16 tensors of that shape: the low nibble of the first byte, its high
+    nibble, the low nibble of the second byte, its high nibble (dims 4i .. 4i + 3 when element
+    i holds code bytes 2i, 2i + 1 of a token). Inline PTX: SM89+ GPUs only (no interpreter).
+    """
+    if DEQUANT == "ptx_arith":
+        asm: tl.constexpr = _DEQUANT_PTX_ARITH
+    else:
+        asm: tl.constexpr = _DEQUANT_PTX
+    return tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r", [code_pairs, scale_f16],
+                                     dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+                                     is_pure=True, pack=2)
+
+
+@triton.jit
+def load_q_quads_t(q_ptr, row_off, row_mask):
+    """Query operands of ``nvfp4_page_scores_ptx``: fp16 ``[32, BLOCK_M]`` transposed dims
+    4i, 4i + 1, 4i + 2, 4i + 3 of the E4M3 rows at byte offsets ``row_off [BLOCK_M]`` (int64)
+    of ``q_ptr`` (uint8); masked rows load zeros."""
+    d = tl.arange(0, 32)[:, None]
+    base = q_ptr + row_off[None, :] + 4 * d
+    q0 = tl.load(base, mask=row_mask[None, :], other=0)
+    q1 = tl.load(base + 1, mask=row_mask[None, :], other=0)
+    q2 = tl.load(base + 2, mask=row_mask[None, :], other=0)
+    q3 = tl.load(base + 3, mask=row_mask[None, :], other=0)
+    return (e4m3_operand(q0, "fp16"), e4m3_operand(q1, "fp16"), e4m3_operand(q2, "fp16"),
+            e4m3_operand(q3, "fp16"))
+
+
+@triton.jit
+def nvfp4_page_scores_ptx(page_ptr, q0_t, q1_t, q2_t, q3_t, DEQUANT: tl.constexpr = "ptx"):
+    """fp32 ``[BLOCK_M]`` scores of one NVFP4 page (``page_ptr``, SPEC 2) for the rows of
+    ``load_q_quads_t``: inline-PTX dequantization (``nvfp4_dequant_ptx``, bit-exact SPEC 1.4)
+    and four K=32 fp16 MMAs over dims 4i + j (j = 0..3); same products and error bound as dot
+    mode "fp16" (only the fp32 accumulation order differs). GPU only (SM89+).
+
+    The code bytes are read as uint16 pairs, so a thread's MMA operand registers (pairs of
+    consecutive K) come from one 32-bit shared-memory word: no byte repacking. The page
+    maximum is one NaN-ignoring max (``max.f32`` returns the non-NaN operand), NaN when all
+    128 token scores are NaN, as SPEC 4 asks.
+    """
+    t = tl.arange(0, PAGE_SIZE)[:, None]
+    codes = tl.load((page_ptr + t * CODE_BYTES).to(tl.pointer_type(tl.uint16), bitcast=True)
+                    + tl.arange(0, 32)[None, :])
+    sbytes = tl.load(page_ptr + SCALES_OFFSET + t * 8 + tl.arange(0, 8)[None, :])
+    s8 = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
+    s = tl.reshape(tl.broadcast_to(s8[:, :, None], (PAGE_SIZE, 8, 4)), (PAGE_SIZE, 32))
+    k0, k1, k2, k3 = nvfp4_dequant_ptx(codes, s, DEQUANT)
+    acc = tl.dot(k0, q0_t, input_precision="ieee", out_dtype=tl.float32)
+    acc = tl.dot(k1, q1_t, acc, input_precision="ieee", out_dtype=tl.float32)
+    acc = tl.dot(k2, q2_t, acc, input_precision="ieee", out_dtype=tl.float32)
+    acc = tl.dot(k3, q3_t, acc, input_precision="ieee", out_dtype=tl.float32)
+    return tl.max(acc, 0)
+
+
 @triton.jit
 def nvfp4_page_operands(page_ptr, DOT: tl.constexpr):
     """Dequantized keys of one NVFP4 page (SPEC 1.4, 2).

@@ -1,0 +1,406 @@
+"""Inline-PTX NVFP4 dequantization of the Triton decode kernel (``DEQUANT="ptx"`` /
+``"ptx_arith"``, ``scoring.nvfp4_dequant_ptx``) against SPEC 1.4.
+
+- CPU: a small PTX interpreter (numpy, the PTX ISA semantics of each instruction used) runs
+  the exact asm strings the kernel embeds on all 16 x 256 (code, scale byte) pairs in every
+  nibble position, with different scales in the two packed elements: every output half must
+  equal dequant_e4m3 (``reference.dequant_table``) widened to fp16, bit for bit (NaN where
+  the reference byte is NaN). This checks the bit tricks, permute selectors, LOP3 tables and
+  the rounding arithmetic; it cannot check Triton's packing order or the hardware itself.
+- CPU: the decode kernel compiles offline for SM90 with each dequant mode (Triton's bundled
+  ptxas; no GPU) with wgmma MMAs, no conversion instructions in "ptx_arith", and the
+  interpreter path ("fp32", DEQUANT "triton") still matches the reference.
+- GPU (skipped without CUDA): the page operands of the ptx modes equal the portable path's
+  bit for bit on all 16 x 256 pairs, and decode selections are identical to DEQUANT="triton".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+pytest.importorskip("triton")
+
+HAS_CUDA = torch.cuda.is_available()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------- PTX interpreter
+
+def _f16(bits):
+    return np.asarray(bits, dtype=np.uint16).view(np.float16)
+
+
+def _bits16(vals):
+    return np.asarray(vals, dtype=np.float16).view(np.uint16).astype(np.uint32)
+
+
+def _halves(x):
+    return x & 0xFFFF, x >> 16
+
+
+def _join(lo, hi):
+    return (lo.astype(np.uint32) & 0xFFFF) | ((hi.astype(np.uint32) & 0xFFFF) << 16)
+
+
+def _f16x2(op, a, b):
+    out = []
+    for ha, hb in zip(_halves(a), _halves(b)):
+        fa, fb = _f16(ha), _f16(hb)
+        with np.errstate(all="ignore"):  # fp16 ops are correctly rounded via exact fp32
+            r = op(fa.astype(np.float32), fb.astype(np.float32)).astype(np.float16)
+        out.append(_bits16(r))
+    return _join(*out)
+
+
+def _min_nan(a, b):
+    r = np.minimum(a, b)  # propagates NaN
+    return np.where(np.isnan(a) | np.isnan(b), np.float32(np.nan), r)
+
+
+def _prmt(a, b, c):
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    src = np.stack(src)
+    d = np.zeros_like(a)
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = np.take_along_axis(src, (sel & 7)[None], 0)[0] if np.ndim(sel) else src[sel & 7]
+        if np.ndim(sel) == 0 and sel & 8:
+            byte = np.where(byte & 0x80, 0xFF, 0x00).astype(np.uint32)
+        d |= byte << (8 * i)
+    return d
+
+
+def _lop3(a, b, c, lut):
+    d = np.zeros_like(a)
+    for bit in range(32):
+        idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
+        d |= ((lut >> idx) & 1) << bit
+    return d
+
+
+def _cvt_e4m3x2(a):
+    out = []
+    for h in _halves(a):
+        v = _f16(h).astype(np.float32)
+        nan = np.isnan(v)
+        v = np.clip(np.where(nan, 0, v), -448, 448)  # satfinite
+        byte = v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(np.uint32)
+        out.append(np.where(nan, 0x7F, byte))
+    return out[0] | (out[1] << 8)
+
+
+def _cvt_f16x2_from_e4m3x2(a):
+    halves = []
+    for i in range(2):
+        byte = ((a >> (8 * i)) & 0xFF).astype(np.uint8)
+        halves.append(_bits16(byte.view(ml_dtypes.float8_e4m3fn).astype(np.float16)))
+    return _join(*halves)
+
+
+def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Interpret the straight-line PTX ``asm`` on uint32 numpy arrays (``$n`` operands in
+    ``operands``); returns every register. Raises on an instruction it does not know."""
+    regs = {k: np.asarray(v, dtype=np.uint32) for k, v in operands.items()}
+
+    def val(tok):
+        tok = tok.strip()
+        if re.fullmatch(r"0x[0-9a-fA-F]+|\d+", tok):
+            return np.uint32(int(tok, 0))
+        return regs[tok]
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [t.strip() for t in rest.split(",")]
+        dst, src = args[0], [val(t) for t in args[1:]]
+        if op == "mov.b32":
+            r = src[0] + np.zeros_like(next(iter(regs.values())))
+        elif op == "shl.b32":
+            r = (src[0].astype(np.uint64) << np.uint64(src[1])).astype(np.uint64) & 0xFFFFFFFF
+        elif op == "and.b32":
+            r = src[0] & src[1]
+        elif op == "add.u32":
+            r = (src[0].astype(np.uint64) + src[1]) & 0xFFFFFFFF
+        elif op == "prmt.b32":
+            r = _prmt(src[0], src[1], int(src[2]))
+        elif op == "lop3.b32":
+            r = _lop3(src[0], src[1], src[2], int(src[3]))
+        elif op == "mul.rn.f16x2":
+            r = _f16x2(np.multiply, src[0], src[1])
+        elif op == "add.rn.f16x2":
+            r = _f16x2(np.add, src[0], src[1])
+        elif op == "sub.rn.f16x2":
+            r = _f16x2(np.subtract, src[0], src[1])
+        elif op == "min.NaN.f16x2":
+            r = _f16x2(_min_nan, src[0], src[1])
+        elif op == "abs.f16x2":
+            r = src[0] & 0x7FFF7FFF
+        elif op == "max.u16x2":
+            lo = np.maximum(src[0] & 0xFFFF, src[1] & 0xFFFF)
+            hi = np.maximum(src[0] >> 16, src[1] >> 16)
+            r = _join(lo, hi)
+        elif op == "cvt.rn.satfinite.e4m3x2.f16x2":
+            r = _cvt_e4m3x2(src[0])
+        elif op == "cvt.rn.f16x2.e4m3x2":
+            r = _cvt_f16x2_from_e4m3x2(src[0])
+        else:
+            raise NotImplementedError(f"PTX interpreter: unknown instruction {op!r}")
+        regs[dst] = np.asarray(r, dtype=np.uint32)
+    return regs
+
+
+def _scoring_module():
+    """``nvfp4_indexer.triton.scoring`` (its asm strings are plain module constants)."""
+    from nvfp4_indexer.triton import scoring
+    return scoring
+
+
+def _expected_f16_bits(codes, sbytes):
+    """fp16 bits (uint32) of dequant_e4m3(code, scale byte) from the reference table, and a
+    NaN mask."""
+    from nvfp4_indexer import reference as ref
+    table = ref.dequant_table().numpy()  # uint8 [16, 256]
+    byte = table[codes, sbytes]
+    f = byte.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return _bits16(f.astype(np.float16)), np.isnan(f)
+
+
+@pytest.mark.parametrize("mode", ["ptx", "ptx_arith"])
+def test_ptx_dequant_strings_bit_exact_all_pairs(mode):
+    """Every output half of the asm equals dequant_e4m3 widened to fp16 for all 16 x 256
+    (code, scale byte) pairs in each of the four nibble positions of both packed elements."""
+    sc = _scoring_module()
+    asm = str(sc._DEQUANT_PTX_ARITH.value if mode == "ptx_arith" else sc._DEQUANT_PTX.value)
+    code = np.arange(16, dtype=np.uint32)[:, None].repeat(256, 1).ravel()  # 4096 pairs
+    s_a = np.arange(256, dtype=np.uint32)[None, :].repeat(16, 0).ravel()
+    s_b = (s_a * 37 + 11) % 256  # element 1 gets a different scale byte
+    checked = 0
+    for rot in range(4):  # every code visits every nibble position
+        nib = [(code + k + rot * 5) % 16 for k in range(8)]  # nibble k of the word
+        word = sum(nib[k] << (4 * k) for k in range(8)).astype(np.uint32)
+        s16 = [_bits16(np.asarray(s, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16))
+               for s in (s_a, s_b)]
+        regs = run_ptx(asm, {"$4": word, "$5": _join(s16[0], s16[1])})
+        # $0: low nibble of byte 0 / 2; $1: high nibble of byte 0 / 2; $2, $3: bytes 1 / 3.
+        for out, (k_el0, k_el1) in enumerate([(0, 4), (1, 5), (2, 6), (3, 7)]):
+            lo, hi = _halves(regs[f"${out}"])
+            for got, k, s in ((lo, k_el0, s_a), (hi, k_el1, s_b)):
+                want, nan = _expected_f16_bits(nib[k], s)
+                got_nan = np.isnan(_f16(got))
+                assert np.array_equal(got_nan, nan), f"{mode}: NaN mismatch out ${out} nib {k}"
+                bad = np.flatnonzero((got != want) & ~nan)
+                assert bad.size == 0, (
+                    f"{mode}: out ${out} nibble {k}: code {nib[k][bad[0]]} scale byte "
+                    f"{s[bad[0]]:#04x}: got {got[bad[0]]:#06x}, want {want[bad[0]]:#06x}")
+                checked += got.size
+    assert checked == 4 * 8 * 4096
+
+
+def test_ptx_interpreter_catches_wrong_asm():
+    """The interpreter is not vacuous: a wrong permute selector or a missing sign restore
+    is caught."""
+    sc = _scoring_module()
+    code = np.arange(16, dtype=np.uint32)[:, None].repeat(256, 1).ravel()
+    s = np.arange(256, dtype=np.uint32)[None, :].repeat(16, 0).ravel()
+    s16 = _bits16(np.asarray(s, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16))
+    word = (code * 0x11111111).astype(np.uint32)  # the same code in every nibble
+    want, nan = _expected_f16_bits(code, s)
+    for bad_asm in (str(sc._DEQUANT_PTX.value).replace("0xA280", "0xA200", 1),
+                    str(sc._DEQUANT_PTX_ARITH.value).replace("0xD8", "0xF0", 1)):
+        regs = run_ptx(bad_asm, {"$4": word, "$5": _join(s16, s16)})
+        lo = _halves(regs["$0"])[0]
+        assert np.any((lo != want) & ~nan)
+
+
+# ------------------------------------------------------------------ offline compile for SM90
+
+_COMPILE_SCRIPT = r'''
+import os, subprocess, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nvfp4_indexer.triton import decode
+fn = decode._decode_score_kernel
+types = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_ptr="*u8",
+             page_stride="i32", bt_ptr="*i32", bt_stride="i32", seq_lens_ptr="*i32",
+             cand_ptr="*i64", out_ptr="*i32")
+attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("cache_ptr", "page_stride")}
+for mode, skip in (("ptx", True), ("ptx_arith", False), ("triton", True)):
+    consts = dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=4, DOT="fp16", DEQUANT=mode, TOPK_SKIP=skip)
+    sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx, mode
+    n_cvt = ptx.count("cvt.rn.satfinite.e4m3x2.f16x2")
+    if mode == "ptx_arith":
+        assert n_cvt == 0 and "min.NaN.f16x2" in ptx, mode
+    elif mode == "ptx":
+        assert n_cvt > 0 and "prmt.b32" in ptx, mode
+    print("ok", mode, len(k.asm["cubin"]))
+'''
+
+
+def test_decode_ptx_modes_compile_offline_for_sm90():
+    """The decode kernel compiles to SM90 PTX + cubin (bundled ptxas) in every dequant mode,
+    with wgmma; runs in a subprocess (this process may have interpreted kernels)."""
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton's NVIDIA backend is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("Triton's bundled ptxas is unavailable")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("ok ") == 3, proc.stdout
+
+
+_INTERP_SCRIPT = r'''
+import torch
+from benchmarks import dequant_lab as L
+rows = L.check_decode(torch.device("cpu"), {"base": {}, "skip": dict(topk_skip=True)},
+                      lens=(2300, 0, 129, 2100))
+for what, verdict in rows:
+    print(what, "|", verdict)
+'''
+
+
+def test_interpreter_decode_default_and_topk_skip_match_reference():
+    """Under the interpreter the default path ("fp32" dot, DEQUANT "triton") is unchanged
+    (valid vs the exact reference scores, SPEC 9 b=15 check of the lab, on a batch with NaN,
+    negative, maximal and subnormal scale pages) and TOPK_SKIP gives identical rows."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if "|" in ln]
+    assert len(lines) == 2 and all("| ok: tie-aware failures 0" in ln for ln in lines), \
+        proc.stdout
+    assert "rows == base 1.000" in lines[1], proc.stdout
+
+
+def test_runner_rejects_bad_knobs():
+    """DecodeRunner validates the lab knobs before any launch (no GPU needed)."""
+    from nvfp4_indexer.triton import decode
+    with pytest.raises(ValueError, match="dequant"):
+        decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="bogus", warmup=False)
+    with pytest.raises(ValueError, match="dequant"):  # ptx modes need a CUDA GPU
+        decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="ptx", warmup=False)
+    with pytest.raises(ValueError, match="num_warps"):
+        decode.DecodeRunner(4, 2, 8, 2, "cpu", num_warps=3, warmup=False)
+    r = decode.DecodeRunner(4, 2, 8, 2, "cpu", programs_per_sm=1, warmup=False)
+    assert r.dequant == "triton" and r.num_splits >= 1
+
+
+# ------------------------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+if HAS_CUDA:
+    import triton
+    import triton.language as tl
+
+    from nvfp4_indexer.triton import scoring as _scoring
+
+    @triton.jit
+    def _ptx_operands_kernel(cache_ptr, out_ptr, DEQUANT: tl.constexpr):
+        """Page ``pid``'s keys through ``nvfp4_dequant_ptx``, stored fp16 [128, 128]."""
+        pid = tl.program_id(0)
+        page = cache_ptr + pid * 9216
+        t = tl.arange(0, 128)[:, None]
+        codes = tl.load((page + t * 64).to(tl.pointer_type(tl.uint16), bitcast=True)
+                        + tl.arange(0, 32)[None, :])
+        sb = tl.load(page + 8192 + t * 8 + tl.arange(0, 8)[None, :])
+        s8 = sb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (128, 8, 4)), (128, 32))
+        k0, k1, k2, k3 = _scoring.nvfp4_dequant_ptx(codes, s, DEQUANT)
+        base = out_ptr + pid * 128 * 128 + t * 128 + 4 * tl.arange(0, 32)[None, :]
+        tl.store(base, k0)
+        tl.store(base + 1, k1)
+        tl.store(base + 2, k2)
+        tl.store(base + 3, k3)
+
+
+def _pair_page_cache():
+    """Two pages covering all 16 x 256 (code, scale byte) pairs in both nibbles of every code
+    byte position class (see test_triton_scoring.test_page_operands_bit_exact)."""
+    from nvfp4_indexer import reference as ref
+    cache = ref.new_index_cache(2, device="cpu")
+    raw = cache.view(2, 9216)
+    group = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)
+    raw[0, :8192] = group.repeat(1024)
+    raw[1, :8192] = ((group << 4) | (group >> 4)).repeat(1024)
+    scales = torch.arange(1024) % 256
+    raw[0, 8192:] = scales.to(torch.uint8)
+    raw[1, 8192:] = ((scales * 37 + 11) % 256).to(torch.uint8)
+    return cache
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", ["ptx", "ptx_arith"])
+def test_gpu_ptx_operands_bit_exact(mode):
+    """``nvfp4_dequant_ptx`` as the decode kernel calls it (uint16 code pairs loaded from a
+    page, fp16 group scales) gives dequant_e4m3 bit for bit on all 16 x 256 (code, scale
+    byte) pairs, NaN and negative scales included (operands stored as fp16)."""
+    from nvfp4_indexer import reference as ref
+    cache = _pair_page_cache()
+    want = ref.decode_e4m3(ref.dequantize_nvfp4(*ref.read_blocks(cache, torch.arange(2))))
+    got = torch.full((2, 128, 128), -7.0, dtype=torch.float16, device="cuda")
+    _ptx_operands_kernel[(2,)](cache.cuda(), got, DEQUANT=mode)
+    got = got.float().cpu()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    keep = ~torch.isnan(want)
+    assert torch.equal(got[keep].view(torch.int32), want[keep].view(torch.int32))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode,skip", [("ptx", False), ("ptx", True), ("ptx_arith", True),
+                                       ("triton", True)])
+def test_gpu_decode_modes_match_triton(mode, skip):
+    """Decode with the ptx modes / TOPK_SKIP selects the same pages as the default path
+    (identical operands; fp32 accumulation order may differ, so compare tie-aware through
+    the reference checker of test_triton_scoring)."""
+    from benchmarks.pool import PagePool, random_index_q
+    from nvfp4_indexer import reference as ref
+    from nvfp4_indexer.triton import decode
+    b, q_len, heads, max_len = 8, 8, 4, 40000
+    dev = torch.device("cuda")
+    pool = PagePool(b * (max_len // 128 + 1) + 8, dev, seed=5)
+    lens = [max_len, 0, 129, 2050, 30000, 12345, 999, 40000]
+    bt = pool.block_tables(lens, 1)[0]
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    q = random_index_q(b * q_len, heads, dev, torch.Generator(device=dev).manual_seed(3))
+    outs = {}
+    for name, kw in (("base", {}), ("new", {"dequant": mode, "topk_skip": skip})):
+        out = torch.full((b * q_len, heads, 16), -7, dtype=torch.int32, device=dev)
+        decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev, **kw).run(q, pool.cache, bt, sl,
+                                                                         out)
+        outs[name] = out
+    torch.cuda.synchronize()
+    if not torch.equal(outs["base"], outs["new"]):  # only exact-tie reorderings are allowed
+        qsl = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
+        exact = ref.page_scores(q, pool.cache, bt, sl, qsl)
+        diff = (outs["base"] != outs["new"]).any(-1)
+        for r, h in diff.nonzero().tolist():
+            a, n = outs["base"][r, h, :15].long(), outs["new"][r, h, :15].long()
+            sa, sn = exact[r, h, a.clamp(min=0)], exact[r, h, n.clamp(min=0)]
+            tol = 2.0 ** -decode.SCORE_ERROR_BITS["fp16"] * sa.abs().max()
+            assert torch.all((sa - sn).abs() <= 2 * tol), (r, h, a.tolist(), n.tolist())
