@@ -239,7 +239,8 @@ class DecodeRunner:
         dequant: how a page is dequantized (``scoring.DEQUANT_MODES``): "triton" (default,
             Triton ops, every dot mode), "ptx" (inline PTX with native E4M3 conversions) or
             "ptx_arith" (inline PTX, rounding by fp16 arithmetic, no conversion
-            instructions); both ptx modes are bit-exact SPEC 1.4, need a CUDA GPU (SM89+)
+            instructions); both ptx modes are bit-exact SPEC 1.4, need a CUDA GPU ("ptx" SM89+,
+            "ptx_arith" SM90+: max.u16x2)
             and dot "fp16", and score with four K=32 MMAs (same error bound as "fp16").
         topk_skip: skip the running top-16 update of a page when no row's candidate beats
             that row's smallest kept entry (identical lists; tuning knob, default off).
