@@ -280,6 +280,8 @@ for what, verdict in rows:
 '''
 
 
+@pytest.mark.skipif(tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4),
+                    reason="Triton 3.6's interpreter breaks on numpy >= 2.4 (CI pins < 2.4)")
 def test_interpreter_decode_default_and_topk_skip_match_reference():
     """Under the interpreter the default path ("fp32" dot, DEQUANT "triton") is unchanged
     (valid vs the exact reference scores, SPEC 9 b=15 check of the lab, on a batch with NaN,

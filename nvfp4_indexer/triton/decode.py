@@ -16,10 +16,10 @@ insertion of (score, j) into each row's running top-16, only for rows with j < t
 L_i = (seq_len - Q + i) // 128. Each program writes its complete top-16 lists to the candidate
 scratch ``int64 [B, BLOCK_M, NUM_SPLITS, 16]`` (see ``topk``).
 
-Dequantization (the ``DEQUANT`` constexpr, ``DecodeRunner(dequant=...)``): "triton" (default)
-is ``scoring.nvfp4_page_scores``; "ptx" / "ptx_arith" (GPU, dot "fp16") are
+Dequantization (the ``DEQUANT`` constexpr, ``DecodeRunner(dequant=...)``): "triton" is ``scoring.nvfp4_page_scores``; "ptx" / "ptx_arith" (GPU, dot "fp16") are
 ``scoring.nvfp4_page_scores_ptx``: code bytes read as uint16 pairs, inline-PTX dequantization
-(bit-exact SPEC 1.4, "ptx_arith" without conversion instructions, which are slow on Hopper)
+(bit-exact SPEC 1.4, "ptx_arith" without conversion instructions, which are slow on Hopper);
+"ptx" is the default on SM89+ GPUs (1.4x the "triton" mode on H200, docs/benchmarks.md)
 and four K=32 fp16 MMAs over dims 4i + j. ``TOPK_SKIP`` updates the running top-16 only when
 some row's candidate beats that row's smallest kept entry (identical lists). These and
 num_warps / num_stages / programs_per_sm are tuning knobs for ``benchmarks/dequant_lab.py``.
@@ -90,7 +90,7 @@ from .topk import (
 # b of SPEC 9's tie tolerance e = 2^-b * max_t sum_d |q_d K_d|, per dot mode (see module doc).
 SCORE_ERROR_BITS = {"fp16": 15, "bf16": 15, "fp8": 5, "fp32": 16}
 
-PROGRAMS_PER_SM = 4  # split target: about this many score programs per SM
+PROGRAMS_PER_SM = 8  # split target: about this many score programs per SM (H200 lab: 8 > 4 > 2)
 MIN_PAGES_PER_SPLIT = 2  # at full block-table width, at least this many pages per split
 MAX_SPLITS = 256
 MAX_ROWS = 64  # Q * H rows a score program holds (BLOCK_M)
@@ -236,8 +236,9 @@ class DecodeRunner:
         dot: dot mode (``scoring.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison (see SCORE_ERROR_BITS).
         num_splits: override NUM_SPLITS (tests / tuning).
-        dequant: how a page is dequantized (``scoring.DEQUANT_MODES``): "triton" (default,
-            Triton ops, every dot mode), "ptx" (inline PTX with native E4M3 conversions) or
+        dequant: how a page is dequantized (``scoring.DEQUANT_MODES``; default
+            ``default_dequant``: "ptx" on SM89+ GPUs with dot "fp16", else "triton"): "triton"
+            (Triton ops, every dot mode), "ptx" (inline PTX with native E4M3 conversions) or
             "ptx_arith" (inline PTX, rounding by fp16 arithmetic, no conversion
             instructions); both ptx modes are bit-exact SPEC 1.4, need a CUDA GPU ("ptx" SM89+,
             "ptx_arith" SM90+: max.u16x2)
@@ -258,7 +259,7 @@ class DecodeRunner:
     def __init__(self, num_heads: int, num_reqs: int, width: int, query_len: int, device,
                  score_buffer: torch.Tensor | None = None, *, dot: str | None = None,
                  num_splits: int | None = None, warmup: bool | None = None,
-                 dequant: str = "triton", topk_skip: bool = False, num_warps: int = 4,
+                 dequant: str | None = None, topk_skip: bool = False, num_warps: int = 4,
                  num_stages: int = 2, programs_per_sm: int = PROGRAMS_PER_SM):
         for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
                               ("width", width, 1), ("query_len", query_len, 1)):
@@ -275,6 +276,8 @@ class DecodeRunner:
                                                                      width, query_len)
         self.block_m = block_rows(query_len, num_heads)
         self.dot = resolve_dot(dot, self.device)
+        if dequant is None:
+            dequant = default_dequant(self.device, self.dot)
         if dequant not in DEQUANT_MODES:
             raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
         if dequant != "triton" and (self.dot != "fp16" or portable_default(self.device)):
@@ -370,6 +373,13 @@ class DecodeRunner:
                     NUM_SPLITS=self.num_splits, SPLITS_PAD=self.splits_pad,
                     ROWS=self.merge_rows, num_warps=4)
         return out
+
+
+def default_dequant(device: torch.device, dot: str) -> str:
+    """"ptx" where its conversions exist (CUDA SM89+) and the dot is fp16, else "triton"."""
+    if dot != "fp16" or portable_default(device) or device.type != "cuda":
+        return "triton"
+    return "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "triton"
 
 
 def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
