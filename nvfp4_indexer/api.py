@@ -233,10 +233,7 @@ def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens:
     dev = _check_paged(cache, block_table, seq_lens)
     if bool((seq_lens < 0).any()):
         v.fail("seq_lens", "values >= 0", f"min {int(seq_lens.min())}")
-    if bool((seq_lens.long() > block_table.shape[1] * PAGE_SIZE).any()):
-        v.fail("block_table", "at least ceil(seq_len / 128) columns for every request",
-               f"width {block_table.shape[1]} for max seq_len {int(seq_lens.max())}")
-    v.check_block_table_values(block_table, history_pages(seq_lens), cache.shape[0])
+    v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
         return _triton("gather").gather_index_k_fp8(cache, block_table, seq_lens)
     return ref.gather_index_k_fp8(cache, block_table, seq_lens)
@@ -263,10 +260,7 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     v.check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,),
                    shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
     _check_query_rows(query_start_loc, seq_lens, index_q.shape[0], allow_empty=True)
-    v.check_block_table_values(block_table, history_pages(seq_lens), cache.shape[0])
-    if bool((seq_lens.long() > block_table.shape[1] * PAGE_SIZE).any()):
-        v.fail("block_table", "at least ceil(seq_len / 128) columns for every request",
-               f"width {block_table.shape[1]} for max seq_len {int(seq_lens.max())}")
+    v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
         return _triton("scores").page_scores(index_q, cache, block_table, seq_lens,
                                              query_start_loc)

@@ -143,23 +143,30 @@ def check_block_table_values(block_table, pages_read, num_blocks: int) -> None:
              "request reads", f"ids in [{int(ids.min())}, {int(ids.max())}]")
 
 
+def check_block_table(block_table, seq_lens, num_blocks: int) -> None:
+    """Block table wide enough for every request (ceil(seq_len / 128) columns) and the block
+    ids a request reads inside the cache (SPEC 2, 10). Syncs."""
+    from .reference.paging import history_pages  # local import: no cycle at module load
+    s = seq_lens.to(torch.long)
+    width = block_table.shape[1]
+    too_long = s > width * PAGE_SIZE
+    if bool(too_long.any()):
+        r = int(too_long.nonzero()[0, 0])
+        fail("block_table", f"at least ceil(seq_len / 128) columns for every request "
+             f"(block table narrower than request {r} needs)",
+             f"width {width} for seq_lens[{r}]={int(s[r])}")
+    check_block_table_values(block_table, history_pages(s), num_blocks)
+
+
 def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int) -> None:
     """SPEC 6 ranges: Q <= seq_len <= width * 128 or seq_len == 0; block ids in the cache."""
-    width = block_table.shape[1]
     s = seq_lens.to(torch.long)
     bad = ((s != 0) & (s < query_len)) | (s < 0)
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
         fail("seq_lens", f"0 (padding) or >= query_len={query_len} for every request",
              f"seq_lens[{b}]={int(s[b])}")
-    too_long = s > width * PAGE_SIZE
-    if bool(too_long.any()):
-        b = int(too_long.nonzero()[0, 0])
-        fail("block_table", f"at least ceil(seq_len / 128) columns for every request "
-             f"(block table narrower than request {b} needs)",
-             f"width {width} for seq_lens[{b}]={int(s[b])}")
-    from .reference.paging import history_pages  # local import: no cycle at module load
-    check_block_table_values(block_table, history_pages(s), num_blocks)
+    check_block_table(block_table, seq_lens, num_blocks)
 
 
 def check_prefill_values(block_table, cu_seqlens_q, seq_lens, num_rows: int,
@@ -178,15 +185,7 @@ def check_prefill_values(block_table, cu_seqlens_q, seq_lens, num_rows: int,
         fail("seq_lens", "1 <= q_len <= seq_len for every prefill request "
              "(q_len from cu_seqlens_q)", f"q_len={int(q_lens[r])}, seq_len={int(s[r])} "
              f"for request {r}")
-    width = block_table.shape[1]
-    too_long = s > width * PAGE_SIZE
-    if bool(too_long.any()):
-        r = int(too_long.nonzero()[0, 0])
-        fail("block_table", f"at least ceil(seq_len / 128) columns for every request "
-             f"(block table narrower than request {r} needs)",
-             f"width {width} for seq_lens[{r}]={int(s[r])}")
-    from .reference.paging import history_pages
-    check_block_table_values(block_table, history_pages(seq_lens), num_blocks)
+    check_block_table(block_table, seq_lens, num_blocks)
 
 
 def check_scales_codes(codes, scales) -> None:
