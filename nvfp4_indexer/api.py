@@ -102,11 +102,11 @@ def new_index_cache(num_blocks: int, device=None, page_stride: int = PAGE_BYTES)
     Raises:
         ValueError: negative ``num_blocks`` or a bad ``page_stride``.
     """
-    if not isinstance(num_blocks, int) or num_blocks < 0:
+    if not v.is_int(num_blocks) or num_blocks < 0:
         v.fail("num_blocks", "an int >= 0", repr(num_blocks))
-    if not isinstance(page_stride, int) or page_stride < PAGE_BYTES or page_stride % 16:
+    if not v.is_int(page_stride) or page_stride < PAGE_BYTES or page_stride % 16:
         v.fail("page_stride", f"an int >= {PAGE_BYTES} and a multiple of 16", repr(page_stride))
-    return ref.new_index_cache(num_blocks, device, page_stride)
+    return ref.new_index_cache(int(num_blocks), device, int(page_stride))
 
 
 def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor, *,
@@ -122,10 +122,12 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
     """
     v.check_cache(cache)
     dev = cache.device
-    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES, shape=(None, HEAD_DIM), device=dev)
+    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, HEAD_DIM),
+                   device=dev)
     v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
                    device=dev)
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
+    k = _fp32_if_double(k)
     if v.check_backend(backend, dev) == "triton":
         return _triton("quantize").write_index_k(cache, k, slot_mapping)
     codes, scales = ref.quantize_nvfp4(k)
@@ -140,9 +142,9 @@ def read_index_k(cache: torch.Tensor, block: int):
         ValueError: bad cache, or ``block`` outside ``[0, num_blocks)``.
     """
     v.check_cache(cache)
-    if not isinstance(block, int) or not 0 <= block < cache.shape[0]:
+    if not v.is_int(block) or not 0 <= block < cache.shape[0]:
         v.fail("block", f"an int in [0, {cache.shape[0]})", repr(block))
-    codes, scales = ref.read_blocks(cache, torch.tensor(block, device=cache.device))
+    codes, scales = ref.read_blocks(cache, torch.tensor(int(block), device=cache.device))
     return codes.clone(), scales.clone()
 
 
@@ -163,13 +165,14 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     """
     v.check_cache(cache)
     dev = cache.device
-    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES, shape=(None, HEAD_DIM), device=dev)
+    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, HEAD_DIM),
+                   device=dev)
     v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
                    device=dev)
     v.check_norm_inputs("k", k, positions, k_norm_weight, "k_norm_weight", cos_sin_cache,
                         rotary_dim, eps, dev)
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
-    cos_sin_cache = _fp32_if_double(cos_sin_cache)
+    k, k_norm_weight, cos_sin_cache = map(_fp32_if_double, (k, k_norm_weight, cos_sin_cache))
     if v.check_backend(backend, dev) == "triton":
         return _triton("insert").insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
                                                 cos_sin_cache, rotary_dim, eps)
@@ -190,10 +193,10 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     Raises:
         ValueError: shapes, dtypes, devices, positions outside ``cos_sin_cache``.
     """
-    v.check_tensor("q", q, dtypes=v.FLOAT_DTYPES, shape=(None, None, HEAD_DIM))
+    v.check_tensor("q", q, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, None, HEAD_DIM))
     v.check_norm_inputs("q", q, positions, q_norm_weight, "q_norm_weight", cos_sin_cache,
                         rotary_dim, eps, q.device)
-    cos_sin_cache = _fp32_if_double(cos_sin_cache)
+    q, q_norm_weight, cos_sin_cache = map(_fp32_if_double, (q, q_norm_weight, cos_sin_cache))
     if v.check_backend(backend, q.device) == "triton":
         return _triton("query").prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
                                                 rotary_dim, eps)
@@ -201,7 +204,7 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
 
 
 def _fp32_if_double(t: torch.Tensor) -> torch.Tensor:
-    """SPEC 3: cos/sin are used in fp32; a float64 table is converted once."""
+    """float64 inputs are converted to fp32 first (SPEC 1.1, 3); other dtypes pass through."""
     return t.float() if t.dtype == torch.float64 else t
 
 
@@ -297,7 +300,8 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
         then the local page; fewer history pages ascending then -1; padding rows ``[0, -1...]``.
     Raises:
         ValueError: shapes, dtypes, devices, ``query_len``, ``seq_lens`` ranges, narrow block
-        table, block ids outside the cache. NotImplementedError: topk != 16 on Triton.
+        table, block ids outside the cache, ``backend="triton"`` on CPU tensors without
+        TRITON_INTERPRET=1. NotImplementedError: topk != 16 or Q * H > 64 on Triton.
     """
     dev = _check_paged(cache, block_table, seq_lens)
     v.check_query_len(query_len)
@@ -309,6 +313,8 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
     if out is not None:
         v.check_out(out, b * query_len, h, topk, dev)
     v.check_decode_values(block_table, seq_lens, query_len, cache.shape[0])
+    if b == 0 or block_table.shape[1] == 0:
+        backend = "reference"  # nothing to score: every row is padding (or there is none)
     if backend == "triton":
         if out is None:
             out = torch.empty((b * query_len, h, topk), dtype=torch.int32, device=dev)
@@ -327,9 +333,9 @@ def max_gather_pages(max_model_len: int, max_num_batched_tokens: int) -> int:
     """
     for name, val in (("max_model_len", max_model_len),
                       ("max_num_batched_tokens", max_num_batched_tokens)):
-        if not isinstance(val, int) or val <= 0:
+        if not v.is_int(val) or val <= 0:
             v.fail(name, "a positive int", repr(val))
-    return ref.max_gather_pages(max_model_len, max_num_batched_tokens)
+    return ref.max_gather_pages(int(max_model_len), int(max_num_batched_tokens))
 
 
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -363,9 +369,11 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     if max_gather_pages is None:
         max_gather_pages = ref.max_gather_pages(max(block_table.shape[1], 1) * PAGE_SIZE,
                                                 max(t, 1))
-    elif not isinstance(max_gather_pages, int) or max_gather_pages < 0:
+    elif not v.is_int(max_gather_pages) or max_gather_pages < 0:
         v.fail("max_gather_pages", "an int >= 0", repr(max_gather_pages))
     ref.plan_chunks(history_pages(seq_lens).tolist(), max_gather_pages)  # raises if too small
+    if t == 0:
+        backend = "reference"  # no rows
     if backend == "triton":
         if out is None:
             out = torch.empty((t, h, topk), dtype=torch.int32, device=dev)
@@ -388,9 +396,11 @@ class DecodeIndexerWrapper:
     Keep the wrapper alive as long as graphs that captured its ``run()``.
 
     Args:
-        num_heads: index heads H per rank (1, 2 or 4 on Triton).
+        num_heads: index heads H per rank (Triton: Q * H <= 64 rows per request).
         block_table_buffer / seq_lens_buffer: the persistent buffers (same device).
-        use_cuda_graph: True when ``run()`` will be captured (Triton: compiles at ``plan()``).
+        use_cuda_graph: True when ``run()`` will be captured: the Triton kernels are compiled
+            and warmed up at the first ``plan()``, so capture never compiles (False: at the
+            first ``run()``).
         backend: "auto" | "reference" | "triton" (the reference run() syncs: not capturable).
         score_buffer: optional float32 scratch shared by wrappers that never run at once
             (Triton; see ``nvfp4_indexer.triton.decode.score_buffer_size``).
@@ -401,7 +411,7 @@ class DecodeIndexerWrapper:
     def __init__(self, num_heads: int, *, block_table_buffer: torch.Tensor,
                  seq_lens_buffer: torch.Tensor, use_cuda_graph: bool = True,
                  backend: str = "auto", score_buffer: torch.Tensor | None = None):
-        if not isinstance(num_heads, int) or num_heads < 1:
+        if not v.is_int(num_heads) or num_heads < 1:
             v.fail("num_heads", "a positive int", repr(num_heads))
         v.check_tensor("block_table_buffer", block_table_buffer, dtypes=(torch.int32,), ndim=2,
                        contiguous=True)
@@ -432,6 +442,8 @@ class DecodeIndexerWrapper:
             wrapper does not see the cache until ``run()``).
         Raises:
             ValueError: shapes, ranges (SPEC 6, 10) or a changed ``query_len``.
+            NotImplementedError: Q * H > 64 on Triton.
+        Nothing is copied and the wrapper stays unplanned when it raises.
         """
         dev = self.block_table.device
         b, w = self.block_table.shape
@@ -446,17 +458,19 @@ class DecodeIndexerWrapper:
         v.check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(b,), device=dev)
         # Validate before copying (SPEC 10: nothing is written on bad input), against the width
         # the caller gave (columns past it are never read).
-        v.check_decode_values(block_table, seq_lens, query_len,
-                              num_blocks=2**62 if num_blocks is None else num_blocks)
+        v.check_decode_values(block_table, seq_lens, query_len, num_blocks)
+        # Build (and, for graphs, compile) the Triton runner before touching any buffer: an
+        # unsupported shape (Q * H > 64) raises here with the caller's buffers intact.
+        if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
+            self._runner = _triton("decode").DecodeRunner(
+                self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
+                warmup=self.use_cuda_graph and dev.type == "cuda")
         if seq_lens.data_ptr() != self.seq_lens.data_ptr():
             self.seq_lens.copy_(seq_lens)
         if block_table.data_ptr() != self.block_table.data_ptr() or \
                 block_table.stride() != self.block_table.stride():
             self.block_table[:, :block_table.shape[1]].copy_(block_table)
         self.query_len = query_len
-        if self.backend == "triton" and self._runner is None:
-            self._runner = _triton("decode").DecodeRunner(
-                self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer)
 
     def run(self, index_q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Select pages for the planned batch into ``out`` (capturable on Triton).
@@ -479,6 +493,12 @@ class DecodeIndexerWrapper:
         v.check_tensor("cache", cache, device=dev)
         v.check_index_q(index_q, rows=rows, num_heads=self.num_heads, device=dev)
         v.check_out(out, rows, self.num_heads, TOPK, dev)
+        if rows == 0:
+            return out
+        if self.block_table.shape[1] == 0:  # every request is padding (SPEC 5)
+            out.fill_(-1)
+            out[..., 0] = 0
+            return out
         if self.backend == "triton":
             self._runner.run(index_q, cache, self.block_table, self.seq_lens, out)
             return out

@@ -7,6 +7,8 @@ was expected and what was given. ``check_*`` helpers on tensor metadata never sy
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .constants import (HEAD_DIM, MAX_QUERY_LEN, NUM_GROUPS, PAGE_BYTES, PAGE_SIZE, TOKEN_BYTES,
@@ -15,6 +17,12 @@ from .constants import (HEAD_DIM, MAX_QUERY_LEN, NUM_GROUPS, PAGE_BYTES, PAGE_SI
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "reference", "triton")
+
+
+def is_int(x) -> bool:
+    """An integer argument: Python or numpy integers, not bool."""
+    import numbers
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def fail(name: str, expected: str, got) -> None:
@@ -64,11 +72,15 @@ def check_backend(backend: str, device: torch.device) -> str:
         fail("backend", " or ".join(repr(b) for b in BACKENDS), repr(backend))
     if backend == "auto":
         return "triton" if device.type == "cuda" else "reference"
+    if backend == "triton" and device.type != "cuda" \
+            and os.environ.get("TRITON_INTERPRET") != "1":
+        fail("backend", "'triton' with CUDA tensors (or TRITON_INTERPRET=1 set before import, "
+             "for Triton's CPU interpreter)", f"'triton' with tensors on {device}")
     return backend
 
 
 def check_topk(topk: int, backend: str) -> None:
-    if not isinstance(topk, int) or topk < 2:
+    if not is_int(topk) or topk < 2:
         fail("topk", "an int >= 2", repr(topk))
     if topk != TOPK and backend != "reference":
         raise NotImplementedError(f"topk: backend {backend!r} supports topk={TOPK}, got {topk} "
@@ -76,14 +88,16 @@ def check_topk(topk: int, backend: str) -> None:
 
 
 def check_query_len(query_len) -> None:
-    if not isinstance(query_len, int) or isinstance(query_len, bool) \
-            or not 1 <= query_len <= MAX_QUERY_LEN:
+    if not is_int(query_len) or not 1 <= query_len <= MAX_QUERY_LEN:
         fail("query_len", f"an int in 1..{MAX_QUERY_LEN}", repr(query_len))
 
 
 def check_index_q(index_q, rows=None, num_heads=None, device=None) -> None:
     check_tensor("index_q", index_q, dtypes=(torch.float8_e4m3fn,),
                  shape=(rows, num_heads, HEAD_DIM), device=device)
+    if index_q.shape[1] < 1:
+        fail("index_q", "at least one index head ([T, H >= 1, 128])",
+             f"shape {tuple(index_q.shape)}")
     if index_q.stride(-1) != 1:
         fail("index_q", "unit stride in the last dim", f"strides {index_q.stride()}")
 
@@ -98,16 +112,18 @@ def check_norm_inputs(x_name, x, positions, weight, weight_name, cos_sin_cache, 
     """Shared checks of the fused norm + RoPE inputs (SPEC 3)."""
     t = x.shape[0]
     check_tensor("positions", positions, dtypes=INT_DTYPES, shape=(t,), device=device)
-    check_tensor(weight_name, weight, dtypes=FLOAT_DTYPES, shape=(HEAD_DIM,), device=device)
+    check_tensor(weight_name, weight, dtypes=FLOAT_DTYPES + (torch.float64,), shape=(HEAD_DIM,),
+                 device=device)
     check_tensor("cos_sin_cache", cos_sin_cache, dtypes=FLOAT_DTYPES + (torch.float64,), ndim=2,
                  device=device)
-    if not isinstance(rotary_dim, int) or rotary_dim <= 0 or rotary_dim % 2 \
+    if not is_int(rotary_dim) or rotary_dim <= 0 or rotary_dim % 2 \
             or rotary_dim > HEAD_DIM:
         fail("rotary_dim", f"an even int in 2..{HEAD_DIM}", repr(rotary_dim))
     if cos_sin_cache.shape[1] != rotary_dim:
         fail("cos_sin_cache", f"shape [max_position, {rotary_dim}] (rotary_dim)",
              f"shape {tuple(cos_sin_cache.shape)}")
-    if not (isinstance(eps, float) or isinstance(eps, int)) or not eps > 0:
+    import numbers
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps > 0:
         fail("eps", "a positive float", repr(eps))
     if t and positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
@@ -131,19 +147,24 @@ def check_slot_mapping_values(slot_mapping, num_blocks: int) -> None:
              f"{int(counts.max())} times")
 
 
-def check_block_table_values(block_table, pages_read, num_blocks: int) -> None:
-    """Block ids a request reads (entries below ``pages_read[r]``) inside the cache. Syncs."""
+def check_block_table_values(block_table, pages_read, num_blocks: int | None) -> None:
+    """Block ids a request reads (entries below ``pages_read[r]``) inside the cache (>= 0 only
+    when ``num_blocks`` is None: the caller cannot see the cache). Syncs."""
     if block_table.numel() == 0:
         return
     cols = torch.arange(block_table.shape[1], device=block_table.device)
     read = cols[None, :] < pages_read.to(block_table.device)[:, None]
     ids = block_table[read]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        fail("block_table", f"block ids in [0, {num_blocks}) (cache blocks) for every page a "
-             "request reads", f"ids in [{int(ids.min())}, {int(ids.max())}]")
+    if not ids.numel():
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or (num_blocks is not None and hi >= num_blocks):
+        want = "block ids >= 0" if num_blocks is None else \
+            f"block ids in [0, {num_blocks}) (cache blocks)"
+        fail("block_table", f"{want} for every page a request reads", f"ids in [{lo}, {hi}]")
 
 
-def check_block_table(block_table, seq_lens, num_blocks: int) -> None:
+def check_block_table(block_table, seq_lens, num_blocks: int | None) -> None:
     """Block table wide enough for every request (ceil(seq_len / 128) columns) and the block
     ids a request reads inside the cache (SPEC 2, 10). Syncs."""
     from .reference.paging import history_pages  # local import: no cycle at module load
@@ -158,7 +179,7 @@ def check_block_table(block_table, seq_lens, num_blocks: int) -> None:
     check_block_table_values(block_table, history_pages(s), num_blocks)
 
 
-def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int) -> None:
+def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int | None) -> None:
     """SPEC 6 ranges: Q <= seq_len <= width * 128 or seq_len == 0; block ids in the cache."""
     s = seq_lens.to(torch.long)
     bad = ((s != 0) & (s < query_len)) | (s < 0)

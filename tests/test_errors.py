@@ -147,7 +147,7 @@ def test_write_index_k_errors(s):
     expect(ValueError, "cache", ni.write_index_k,
            torch.zeros(2, 72, 128, dtype=torch.uint8).transpose(1, 2), k, sl, **REF)
     expect(TypeError, "cache", ni.write_index_k, np.zeros((2, 128, 72), np.uint8), k, sl, **REF)
-    expect(ValueError, "k", ni.write_index_k, c, k.double(), sl, **w, **REF)
+    expect(ValueError, "k", ni.write_index_k, c, k.to(torch.int32), sl, **w, **REF)
     expect(ValueError, "k", ni.write_index_k, c, k.to(torch.int32), sl, **w, **REF)
     expect(ValueError, "k", ni.write_index_k, c, k[:, :64], sl, **w, **REF)
     expect(ValueError, "k", ni.write_index_k, c, k[:, None], sl, **w, **REF)

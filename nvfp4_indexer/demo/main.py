@@ -23,10 +23,15 @@ from .report import print_table, write_report
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="nvfp4-indexer demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=8192, help="context length (default 8192, the model maximum)")
-    p.add_argument("--layers", default="4,12,20,28", help="model layers (default 4,12,20,28)")
-    p.add_argument("--heads", type=int, default=2, help="index heads H (1..3, default 2)")
-    p.add_argument("--query-len", type=int, default=4, help="decode queries per request")
+    p.add_argument("--tokens", type=int, default=8192,
+                   help="context length; rows with >= 16 history pages need > 2048 "
+                   "(default 8192, the model maximum)")
+    p.add_argument("--layers", default="4,12,20,28",
+                   help="comma-separated model layer ids, 0..29 (default 4,12,20,28)")
+    p.add_argument("--heads", type=int, default=2, choices=(1, 2, 3),
+                   help="index heads H (default 2)")
+    p.add_argument("--query-len", type=int, default=4, choices=range(1, 9), metavar="1..8",
+                   help="decode queries per request (default 4)")
     p.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--backend", default="auto", choices=("auto", "reference", "triton"))
@@ -89,6 +94,9 @@ def attention_fn(cap: dict):
 def main(argv=None) -> int:
     args = parse_args(argv)
     layers = [int(x) for x in args.layers.split(",") if x]
+    if args.tokens <= 16 * 128:
+        log(f"note: --tokens {args.tokens} leaves no row with 16 history pages; the metrics "
+            "need more than 2048 tokens")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(args.seed)
     log(f"device {device}, backend {args.backend}, torch {torch.__version__}")
@@ -112,6 +120,8 @@ def main(argv=None) -> int:
         torch.save({"layers": half, "facts": facts}, args.save_activations)
         log(f"saved projections to {args.save_activations}")
     compare = device.type == "cuda" and args.backend in ("auto", "triton")
+    if not compare:
+        log("triton vs reference: not run (needs a CUDA device and the triton backend)")
     results = []
     for l in layers:
         t0 = time.time()
