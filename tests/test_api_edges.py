@@ -6,17 +6,21 @@ import torch
 
 import nvfp4_indexer as ni
 
+# Triton runs on CUDA tensors, or on CPU tensors under the interpreter (conftest sets it
+# without a GPU).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-def _batch(b=2, w=4, h=2):
-    cache = ni.new_index_cache(8)
+
+def _batch(b=2, w=4, h=2, device="cpu"):
+    cache = ni.new_index_cache(8, device=device)
     torch.manual_seed(0)
-    bt = torch.randperm(8)[: b * w].view(b, w).to(torch.int32)
-    seq = torch.full((b,), w * 128, dtype=torch.int32)
+    bt = torch.randperm(8)[: b * w].view(b, w).to(torch.int32).to(device)
+    seq = torch.full((b,), w * 128, dtype=torch.int32, device=device)
     return cache, bt, seq
 
 
 def test_failed_plan_writes_nothing_and_leaves_wrapper_unplanned():
-    cache, bt, seq = _batch()
+    cache, bt, seq = _batch(device=DEV)
     btb = torch.full_like(bt, 7)
     slb = torch.full_like(seq, 0)
     w = ni.DecodeIndexerWrapper(16, block_table_buffer=btb, seq_lens_buffer=slb,
@@ -26,24 +30,24 @@ def test_failed_plan_writes_nothing_and_leaves_wrapper_unplanned():
     assert torch.all(btb == 7) and torch.all(slb == 0)
     assert w.query_len is None
     with pytest.raises(RuntimeError, match="before plan"):
-        w.run(torch.zeros(16, 16, 128, dtype=torch.float8_e4m3fn), cache,
-              torch.zeros(16, 16, 16, dtype=torch.int32))
+        w.run(torch.zeros(16, 16, 128, dtype=torch.float8_e4m3fn, device=DEV), cache,
+              torch.zeros(16, 16, 16, dtype=torch.int32, device=DEV))
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_empty_and_all_padding_batches(backend):
-    cache = ni.new_index_cache(4)
-    q0 = torch.zeros(0, 2, 128, dtype=torch.float8_e4m3fn)
-    out = ni.decode_indexer(q0, cache, torch.zeros(0, 3, dtype=torch.int32),
-                            torch.zeros(0, dtype=torch.int32), 1, backend=backend)
+    z = dict(dtype=torch.int32, device=DEV)
+    cache = ni.new_index_cache(4, device=DEV)
+    q0 = torch.zeros(0, 2, 128, dtype=torch.float8_e4m3fn, device=DEV)
+    out = ni.decode_indexer(q0, cache, torch.zeros(0, 3, **z), torch.zeros(0, **z), 1,
+                            backend=backend)
     assert out.shape == (0, 2, 16)
-    q = torch.zeros(2, 2, 128, dtype=torch.float8_e4m3fn)
-    out = ni.decode_indexer(q, cache, torch.zeros(2, 0, dtype=torch.int32),
-                            torch.zeros(2, dtype=torch.int32), 1, backend=backend)
+    q = torch.zeros(2, 2, 128, dtype=torch.float8_e4m3fn, device=DEV)
+    out = ni.decode_indexer(q, cache, torch.zeros(2, 0, **z), torch.zeros(2, **z), 1,
+                            backend=backend)
     assert out[..., 0].eq(0).all() and out[..., 1:].eq(-1).all()
-    out = ni.prefill_indexer(q0, cache, torch.zeros(0, 3, dtype=torch.int32),
-                             torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
-                             backend=backend)
+    out = ni.prefill_indexer(q0, cache, torch.zeros(0, 3, **z), torch.zeros(1, **z),
+                             torch.zeros(0, **z), backend=backend)
     assert out.shape == (0, 2, 16)
 
 
