@@ -620,22 +620,27 @@ def _stray_bytes(res, initial, exp, got, mask, page_stride, mf, label):
                             f"storage byte {off} (block {blk}, page byte {inpage}) (SPEC 2)")
 
 
+def _written_tokens(inp, st, exp, res, mf, op):
+    """After a paged write by ``op``: flag stray bytes outside the written tokens, and return
+    ``(slots, tok, got codes, got scales, expected codes, expected scales)`` of the tokens with
+    a non-negative slot (SPEC 2)."""
+    got, initial, want = st.cpu(), inp["storage"].cpu(), exp["storage"]
+    slots = inp["slot_mapping"].cpu()
+    keep = slots >= 0
+    mask = _written_mask(got.numel(), slots, inp["num_blocks"], inp["page_stride"])
+    _stray_bytes(res, initial, want, got, mask, inp["page_stride"], mf, op)
+    gc, gsc = _token_bytes(got, slots[keep], inp["page_stride"])
+    ec, esc = _token_bytes(want, slots[keep], inp["page_stride"])
+    return slots, keep.nonzero().flatten(), gc, gsc, ec, esc
+
+
 def _run_write(case, backend, exp, res, mf):
     inp = case.inputs
     st, cache = _cache(inp, backend.device)
     call_op(backend, "write_index_k", cache, inp["k"].to(backend.device),
             inp["slot_mapping"].to(backend.device))
-    got = st.cpu()
-    initial = inp["storage"].cpu()
-    want = exp["storage"]
-    slots = inp["slot_mapping"].cpu()
-    keep = slots >= 0
-    mask = _written_mask(got.numel(), slots, inp["num_blocks"], inp["page_stride"])
-    _stray_bytes(res, initial, want, got, mask, inp["page_stride"], mf, "write_index_k")
-    gc, gsc = _token_bytes(got, slots[keep], inp["page_stride"])
-    ec, esc = _token_bytes(want, slots[keep], inp["page_stride"])
-    tok = keep.nonzero().flatten()
-    _compare_bytes(res, torch.cat([ec, esc], 1), torch.cat([gc, gsc], 1), int(keep.sum()),
+    slots, tok, gc, gsc, ec, esc = _written_tokens(inp, st, exp, res, mf, "write_index_k")
+    _compare_bytes(res, torch.cat([ec, esc], 1), torch.cat([gc, gsc], 1), len(tok),
                    "write_index_k token bytes (64 codes then 8 scales)", mf,
                    lambda r: f"token {int(tok[r])} slot {int(slots[tok[r]])}")
 
@@ -647,18 +652,9 @@ def _run_insert(case, backend, exp, res, mf):
     call_op(backend, "insert_index_k", cache, _dev(inp["k"], d), _dev(inp["positions"], d),
             _dev(inp["slot_mapping"], d), _dev(inp["weight"], d), _dev(inp["cos_sin_cache"], d),
             rotary_dim=inp["rotary_dim"], eps=inp["eps"])
-    got = st.cpu()
-    initial = inp["storage"].cpu()
-    want = exp["storage"]
-    slots = inp["slot_mapping"].cpu()
-    keep = slots >= 0
-    mask = _written_mask(got.numel(), slots, inp["num_blocks"], inp["page_stride"])
-    _stray_bytes(res, initial, want, got, mask, inp["page_stride"], mf, "insert_index_k")
-    tok = keep.nonzero().flatten()
-    gc, gsc = _token_bytes(got, slots[keep], inp["page_stride"])
-    ec, esc = _token_bytes(want, slots[keep], inp["page_stride"])
+    slots, tok, gc, gsc, ec, esc = _written_tokens(inp, st, exp, res, mf, "insert_index_k")
     same = (gc == ec).all(-1) & (gsc == esc).all(-1)
-    n = int(keep.sum())
+    n = len(tok)
     res.rows += n
     res.exact += int(same.sum())
     diff = ~same
