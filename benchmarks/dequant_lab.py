@@ -42,18 +42,20 @@ def log(msg: str) -> None:
 # Variants: name -> DecodeRunner tuning kwargs. "base" is the current default path.
 VARIANTS = {
     "base": {},
-    "triton+skip": {"topk_skip": True},
-    "ptx": {"dequant": "ptx"},
-    "ptx+skip": {"dequant": "ptx", "topk_skip": True},
-    "arith+skip": {"dequant": "ptx_arith", "topk_skip": True},
-    "ptx+skip w8": {"dequant": "ptx", "topk_skip": True, "num_warps": 8},
-    "arith+skip w8": {"dequant": "ptx_arith", "topk_skip": True, "num_warps": 8},
-    "ptx+skip st3": {"dequant": "ptx", "topk_skip": True, "num_stages": 3},
-    "ptx+skip pps2": {"dequant": "ptx", "topk_skip": True, "programs_per_sm": 2},
-    "ptx+skip pps8": {"dequant": "ptx", "topk_skip": True, "programs_per_sm": 8},
+    "triton": {"dequant": "triton"},
+    "arith": {"dequant": "ptx_arith"},
+    "win1": {"window": 1},
+    "win64": {"window": 64},
+    "reg128": {"maxnreg": 128},
+    "reg168": {"maxnreg": 168},
+    "pps4": {"programs_per_sm": 4},
+    "pps16": {"programs_per_sm": 16},
+    "reg128 pps16": {"maxnreg": 128, "programs_per_sm": 16},
+    "w8": {"num_warps": 8},
 }
-QUICK_VARIANTS = ("base", "ptx+skip", "arith+skip", "ptx+skip w8")
-CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000)]  # (batch, nominal len)
+QUICK_VARIANTS = ("base", "reg128", "pps16", "win1")
+CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
+         (128, 1_000)]  # (batch, nominal len)
 Q_LEN, HEADS = 8, 4
 
 

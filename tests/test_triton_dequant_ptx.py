@@ -234,10 +234,11 @@ from nvfp4_indexer.triton import decode
 fn = decode._decode_score_kernel
 types = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_ptr="*u8",
              page_stride="i32", bt_ptr="*i32", bt_stride="i32", seq_lens_ptr="*i32",
-             cand_ptr="*i64", out_ptr="*i32")
+             cand_ptr="*i64", win_ptr="*fp32", out_ptr="*i32")
 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("cache_ptr", "page_stride")}
-for mode, skip in (("ptx", True), ("ptx_arith", False), ("triton", True)):
-    consts = dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=4, DOT="fp16", DEQUANT=mode, TOPK_SKIP=skip)
+for mode, window in (("ptx", 64), ("ptx_arith", 32), ("triton", 64)):
+    consts = dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=4, DOT="fp16", DEQUANT=mode, WINDOW=window,
+                  KEEP=16)
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
     k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
@@ -273,7 +274,7 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
 _INTERP_SCRIPT = r'''
 import torch
 from benchmarks import dequant_lab as L
-rows = L.check_decode(torch.device("cpu"), {"base": {}, "skip": dict(topk_skip=True)},
+rows = L.check_decode(torch.device("cpu"), {"base": {}, "win2": dict(window=2)},
                       lens=(2300, 0, 129, 2100))
 for what, verdict in rows:
     print(what, "|", verdict)
@@ -282,10 +283,10 @@ for what, verdict in rows:
 
 @pytest.mark.skipif(tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4),
                     reason="Triton 3.6's interpreter breaks on numpy >= 2.4 (CI pins < 2.4)")
-def test_interpreter_decode_default_and_topk_skip_match_reference():
-    """Under the interpreter the default path ("fp32" dot, DEQUANT "triton") is unchanged
-    (valid vs the exact reference scores, SPEC 9 b=15 check of the lab, on a batch with NaN,
-    negative, maximal and subnormal scale pages) and TOPK_SKIP gives identical rows."""
+def test_interpreter_decode_default_and_small_window_match_reference():
+    """Under the interpreter the default path ("fp32" dot, DEQUANT "triton") is valid vs the
+    exact reference scores (SPEC 9 b=15 check of the lab, on a batch with NaN, negative,
+    maximal and subnormal scale pages), and a 2-page top-k window gives identical rows."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT], env=env, cwd=ROOT,
@@ -306,6 +307,11 @@ def test_runner_rejects_bad_knobs():
         decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="ptx", warmup=False)
     with pytest.raises(ValueError, match="num_warps"):
         decode.DecodeRunner(4, 2, 8, 2, "cpu", num_warps=3, warmup=False)
+    for bad in (3, 0, 512):  # a power of two with window * BLOCK_M <= 4096 (BLOCK_M 16)
+        with pytest.raises(ValueError, match="window"):
+            decode.DecodeRunner(4, 2, 8, 2, "cpu", window=bad, warmup=False)
+    with pytest.raises(ValueError, match="maxnreg"):
+        decode.DecodeRunner(4, 2, 8, 2, "cpu", maxnreg=8, warmup=False)
     r = decode.DecodeRunner(4, 2, 8, 2, "cpu", programs_per_sm=1, warmup=False)
     assert r.dequant == "triton" and r.num_splits >= 1
 
@@ -374,10 +380,10 @@ def test_gpu_ptx_operands_bit_exact(mode):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("mode,skip", [("ptx", False), ("ptx", True), ("ptx_arith", True),
-                                       ("triton", True)])
-def test_gpu_decode_modes_match_triton(mode, skip):
-    """Decode with the ptx modes / TOPK_SKIP selects the same pages as the default path
+@pytest.mark.parametrize("mode,window", [("ptx", 64), ("ptx", 4), ("ptx_arith", 32),
+                                         ("triton", 16)])
+def test_gpu_decode_modes_match_triton(mode, window):
+    """Decode with the ptx modes / top-k windows selects the same pages as the default path
     (identical operands; fp32 accumulation order may differ, so compare tie-aware through
     the reference checker of test_triton_scoring)."""
     from benchmarks.pool import PagePool, random_index_q
@@ -391,7 +397,7 @@ def test_gpu_decode_modes_match_triton(mode, skip):
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
     q = random_index_q(b * q_len, heads, dev, torch.Generator(device=dev).manual_seed(3))
     outs = {}
-    for name, kw in (("base", {}), ("new", {"dequant": mode, "topk_skip": skip})):
+    for name, kw in (("base", {}), ("new", {"dequant": mode, "window": window})):
         out = torch.full((b * q_len, heads, 16), -7, dtype=torch.int32, device=dev)
         decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev, **kw).run(q, pool.cache, bt, sl,
                                                                          out)

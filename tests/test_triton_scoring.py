@@ -365,9 +365,12 @@ def decode_lens(q_len: int) -> list[int]:
     return [max(s, q_len) if s else 0 for s in (2100, 0, 1, 127, 128, 129, 2050, 2333)]
 
 
-@pytest.mark.parametrize("q_len,heads,num_splits", [(1, 1, 1), (2, 2, 3), (4, 2, None),
-                                                    (8, 1, 5), (1, 4, 2)])
-def test_decode_matches_reference(q_len, heads, num_splits):
+@pytest.mark.parametrize("q_len,heads,num_splits,window", [(1, 1, 1, 4), (2, 2, 3, 2),
+                                                           (4, 2, None, 64), (8, 1, 5, 1),
+                                                           (1, 4, 2, 64)])
+def test_decode_matches_reference(q_len, heads, num_splits, window):
+    """Decode equals the reference (tie-aware), including several top-k windows per program
+    (small ``window``: the alternating halves of the window buffer and the merge rounds)."""
     aliases = ((0, 2, 9), (7, 0, 5))  # request, u, w: page w shares page u's block
     batch = Batch(decode_lens(q_len), seed=10 * q_len + heads,
                   alias=[(r, u, w) for r, u, w in aliases])
@@ -375,7 +378,8 @@ def test_decode_matches_reference(q_len, heads, num_splits):
     q = random_q(b * q_len, heads, seed=q_len)
     snap = snapshot(batch, q)
     big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, num_splits=num_splits)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, num_splits=num_splits,
+                                 window=window)
     if num_splits is not None:
         assert runner.num_splits == num_splits
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
@@ -468,13 +472,20 @@ def test_decode_score_buffer_and_splits():
     """score_buffer_size / NUM_SPLITS are static-shape functions; a shared buffer works and a
     short or misaligned one is refused."""
     assert DECODE.choose_num_splits(1, 1, 132) == 1
-    assert DECODE.choose_num_splits(2000, 2000, 132) == 1
+    assert DECODE.choose_num_splits(5000, 2000, 132) == 1
     assert DECODE.choose_num_splits(1, 1024, 132) == DECODE.MAX_SPLITS
     assert 1 < DECODE.choose_num_splits(8, 400, 132) <= 200
     n = DECODE.score_buffer_size(2, 20, 2, 2, num_sms=2)
     ns = DECODE.choose_num_splits(2, 20, 2)
-    assert n == 2 * 2 * 16 * ns * 16 and ns > 1
+    keep = DECODE.keep_per_split(ns, 20)
+    assert n == 2 * 2 * 16 * ns * keep and ns > 1 and DECODE.choose_window(ns, 20, 16) == 1
+    assert keep == min(16, triton.next_power_of_2(-(-19 // ns)))
     assert DECODE.score_buffer_size(2000, 20, 2, 2, num_sms=2) == 0
+    # long splits buffer WINDOW pages of scores per program (two halves)
+    assert DECODE.choose_window(1, 2000, 16) == DECODE.WINDOW
+    ns3 = DECODE.choose_num_splits(3, 2000, 2)
+    assert DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=2) == \
+        2 * 3 * 16 * ns3 * DECODE.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * DECODE.WINDOW * 16
     with pytest.raises(ValueError, match="score_buffer"):
         DECODE.DecodeRunner(2, 2, 20, 2, DEV, score_buffer=torch.empty(4, device=DEV),
                             num_splits=ns)

@@ -80,20 +80,26 @@ from .topk import (
     EMPTY,
     empty_topk,
     load_candidates,
+    keep_per_split,
     merge_rows_per_program,
     pack_candidate,
     store_candidates,
     topk_insert,
+    topk_merge,
     write_selection,
 )
 
 # b of SPEC 9's tie tolerance e = 2^-b * max_t sum_d |q_d K_d|, per dot mode (see module doc).
 SCORE_ERROR_BITS = {"fp16": 15, "bf16": 15, "fp8": 5, "fp32": 16}
 
-PROGRAMS_PER_SM = 8  # split target: about this many score programs per SM (H200 lab: 8 > 4 > 2)
-MIN_PAGES_PER_SPLIT = 2  # at full block-table width, at least this many pages per split
+PROGRAMS_PER_SM = 16  # split target: about this many score programs per SM (H200 lab)
+MIN_PAGES_PER_SPLIT = 4  # at full block-table width, at least this many pages per split
 MAX_SPLITS = 256
 MAX_ROWS = 64  # Q * H rows a score program holds (BLOCK_M)
+WINDOW = 64  # pages whose scores are buffered before one top-k merge
+MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
+MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM (H200 lab: +6-8 %)
+MERGE_TILE = 1024  # int64 candidates per merge program (small tiles: more programs, short rounds)
 PAGE = tl.constexpr(PAGE_SIZE)  # tokens per page, for the kernels
 _DEFAULT_NUM_SMS = 132  # used off CUDA (interpreter) and by score_buffer_size without a GPU
 
@@ -125,13 +131,28 @@ def choose_num_splits(num_reqs: int, width: int, num_sms: int,
     return max(ns, 1)
 
 
-def _scratch_elems(num_reqs: int, num_splits: int, rows: int) -> int:
-    """int64 candidate scratch elements: [B, BLOCK_M, NUM_SPLITS, 16], none when unsplit."""
-    return 0 if num_splits == 1 else num_reqs * rows * num_splits * 16
+def choose_window(num_splits: int, width: int, block_m: int) -> int:
+    """Default top-k window: 1 (a direct insert per page) when a split holds fewer than
+    ``MIN_WINDOW_PAGES`` pages, else ``WINDOW`` capped by the split's pages and by
+    ``window * BLOCK_M <= 4096`` (static shapes only)."""
+    per = triton.cdiv(max(width - 1, 1), num_splits)
+    if per < MIN_WINDOW_PAGES:
+        return 1
+    return min(WINDOW, triton.next_power_of_2(per), 4096 // block_m)
+
+
+def _scratch_elems(num_reqs: int, num_splits: int, rows: int, keep: int) -> int:
+    """int64 candidate scratch elements: [B, BLOCK_M, NUM_SPLITS, KEEP], none when unsplit."""
+    return 0 if num_splits == 1 else num_reqs * rows * num_splits * keep
+
+
+def _window_elems(num_reqs: int, num_splits: int, rows: int, window: int) -> int:
+    """fp32 window-buffer elements: [B * NUM_SPLITS, 2, WINDOW, BLOCK_M] (none for WINDOW 1)."""
+    return 0 if window == 1 else num_reqs * num_splits * 2 * window * rows
 
 
 def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: int = 8, *,
-                      num_sms: int | None = None) -> int:
+                      num_sms: int | None = None, window: int | None = None) -> int:
     """float32 elements of candidate scratch a ``DecodeRunner`` needs (SPEC 6).
 
     Args:
@@ -139,25 +160,31 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
         num_heads: index heads H. query_len: Q (1..8).
         num_sms: SMs of the GPU the runner will use; default: the current CUDA device's, or
             132 without CUDA.
+        window: the runner's top-k window (default ``choose_window``).
     Returns:
-        Number of float32 elements (0 when the runner does not split); a buffer this size can
-        back any runner of these shapes on such a GPU (wrappers that never run at once may
-        share one).
+        Number of float32 elements: the int64 candidate scratch (none when the runner does not
+        split) followed by the page-score window buffer. A buffer this size can back any
+        runner of these shapes on such a GPU (wrappers that never run at once may share one).
     """
     if num_sms is None:
         num_sms = _num_sms()
     ns = choose_num_splits(num_reqs, num_pages, num_sms)
-    return 2 * _scratch_elems(num_reqs, ns, block_rows(query_len, num_heads))
+    rows = block_rows(query_len, num_heads)
+    window = window or choose_window(ns, num_pages, rows)
+    keep = keep_per_split(ns, num_pages)
+    return 2 * _scratch_elems(num_reqs, ns, rows, keep) + _window_elems(num_reqs, ns, rows,
+                                                                        window)
 
 
 @triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride"],
             do_not_specialize_on_alignment=["q_ptr", "bt_ptr", "seq_lens_ptr", "cand_ptr",
-                                            "out_ptr"])
+                                            "win_ptr", "out_ptr"])
 def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
-                         bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, out_ptr,
+                         bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, win_ptr, out_ptr,
                          Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
-                         DEQUANT: tl.constexpr = "triton", TOPK_SKIP: tl.constexpr = False):
+                         DEQUANT: tl.constexpr = "triton", WINDOW: tl.constexpr = 64,
+                         KEEP: tl.constexpr = 16):
     b = tl.program_id(0)
     split = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -177,29 +204,43 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
     q_off = row * q_row_stride + h * q_head_stride
     if DEQUANT != "triton":
         q0, q1, q2, q3 = load_q_quads_t(q_ptr, q_off, row_ok)
+        q_even, q_odd = q0, q1  # unused
     else:
         q_even, q_odd = load_q_pairs_t(q_ptr, q_off, row_ok, DOT)
+        q0, q1, q2, q3 = q_even, q_odd, q_even, q_odd  # unused
 
-    top = empty_topk(BLOCK_M)
-    low = tl.full([BLOCK_M], EMPTY, tl.int64)  # each row's smallest kept entry (TOPK_SKIP)
+    # WINDOW == 1: each page's candidate goes straight into the running top-16
+    # (``topk_insert``). WINDOW > 1: page scores go to this program's slice of the window
+    # buffer (fp32 [2, WINDOW, BLOCK_M], the halves alternate) and are merged into the running
+    # top-16 once per window (one barrier, ``topk_merge``). Loads are left to Triton's
+    # pipeliner (cp.async into shared memory).
+    top = empty_topk(BLOCK_M, KEEP)
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
-    for j in range(start, end):
-        block = tl.load(bt_row + j).to(tl.int64)
-        if DEQUANT != "triton":
-            score = nvfp4_page_scores_ptx(cache_ptr + block * page_stride, q0, q1, q2, q3,
-                                          DEQUANT)
-        else:
-            score = nvfp4_page_scores(cache_ptr + block * page_stride, q_even, q_odd, DOT)
-        cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
-        cand = tl.where(j < local, cand, EMPTY)
-        if TOPK_SKIP:
-            # Insert only when some row's candidate beats that row's smallest kept entry:
-            # otherwise topk_insert leaves every row unchanged (same lists, fewer ops).
-            if tl.max((cand > low).to(tl.int32), 0) != 0:
-                top = topk_insert(top, cand)
-                low = tl.min(top, 1)
-        else:
-            top = topk_insert(top, cand)
+    if WINDOW == 1:
+        for j in range(start, end):
+            block = tl.load(bt_row + j).to(tl.int64)
+            score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
+                                 q_odd, DOT, DEQUANT)
+            cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
+            top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+    else:
+        prog = (b * NUM_SPLITS + split).to(tl.int64)
+        win_base = win_ptr + prog * (2 * WINDOW * BLOCK_M)
+        col = tl.arange(0, WINDOW)
+        for w0 in range(start, end, WINDOW):
+            w_end = tl.minimum(w0 + WINDOW, end)
+            buf = win_base + ((w0 - start) // WINDOW % 2) * (WINDOW * BLOCK_M)
+            for j in range(w0, w_end):
+                block = tl.load(bt_row + j).to(tl.int64)
+                score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
+                                     q_odd, DOT, DEQUANT)
+                tl.store(buf + (j - w0) * BLOCK_M + m, score)
+            tl.debug_barrier()  # the window's scores, stored by all threads, are visible
+            jj = w0 + col[None, :]
+            ok = (jj < w_end) & (jj < local[:, None])
+            s = tl.load(buf + col[None, :] * BLOCK_M + m[:, None], mask=ok, other=0.0,
+                        cache_modifier=".cg")
+            top = topk_merge(top, tl.where(ok, pack_candidate(s, jj + 0 * m[:, None]), EMPTY))
 
     if NUM_SPLITS == 1:
         write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)
@@ -207,10 +248,20 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
         store_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), top, split, NUM_SPLITS)
 
 
+@triton.jit
+def _page_scores(page_ptr, q0, q1, q2, q3, q_even, q_odd, DOT: tl.constexpr,
+                 DEQUANT: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of one NVFP4 page with the query operands of ``DEQUANT``."""
+    if DEQUANT != "triton":
+        return nvfp4_page_scores_ptx(page_ptr, q0, q1, q2, q3, DEQUANT)
+    else:
+        return nvfp4_page_scores(page_ptr, q_even, q_odd, DOT)
+
+
 @triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr", "cand_ptr", "out_ptr"])
 def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, Q: tl.constexpr, H: tl.constexpr,
                          BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
+                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr):
     b = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     i = m // H
@@ -220,7 +271,7 @@ def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, Q: tl.constexpr, H: tl
     p = seq_len - Q + i
     local = tl.where(p >= 0, p // PAGE, 0)
     keys = load_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), row_ok, NUM_SPLITS,
-                           SPLITS_PAD)
+                           SPLITS_PAD, KEEP)
     row = (b * Q + i).to(tl.int64)
     write_selection(keys, local, out_ptr + (row * H + h) * 16, row_ok)
 
@@ -243,9 +294,12 @@ class DecodeRunner:
             instructions); both ptx modes are bit-exact SPEC 1.4, need a CUDA GPU ("ptx" SM89+,
             "ptx_arith" SM90+: max.u16x2)
             and dot "fp16", and score with four K=32 MMAs (same error bound as "fp16").
-        topk_skip: skip the running top-16 update of a page when no row's candidate beats
-            that row's smallest kept entry (identical lists; tuning knob, default off).
+        window: pages scored between two top-k merges (a power of two; default
+            ``choose_window``): page scores go to a small per-program buffer and are merged
+            into the running top-16 once per window (``topk.topk_merge``); 1 inserts every
+            page's candidate at once (``topk.topk_insert``).
         num_warps / num_stages: score-kernel launch options (tuning; default 4 / 2).
+        maxnreg: register cap of the score kernel (tuning; default ``MAXNREG``, None: no cap).
         programs_per_sm: split target used by ``choose_num_splits`` (default
             ``PROGRAMS_PER_SM``; ignored when ``num_splits`` is given).
         warmup: compile both kernels now by one launch on an all-padding batch (default on
@@ -259,8 +313,9 @@ class DecodeRunner:
     def __init__(self, num_heads: int, num_reqs: int, width: int, query_len: int, device,
                  score_buffer: torch.Tensor | None = None, *, dot: str | None = None,
                  num_splits: int | None = None, warmup: bool | None = None,
-                 dequant: str | None = None, topk_skip: bool = False, num_warps: int = 4,
-                 num_stages: int = 2, programs_per_sm: int = PROGRAMS_PER_SM):
+                 dequant: str | None = None, window: int | None = None, num_warps: int = 4,
+                 num_stages: int = 2, programs_per_sm: int = PROGRAMS_PER_SM,
+                 maxnreg: int | None = MAXNREG):
         for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
                               ("width", width, 1), ("query_len", query_len, 1)):
             if not isinstance(val, int) or val < lo:
@@ -288,29 +343,49 @@ class DecodeRunner:
         for name, val in (("num_stages", num_stages), ("programs_per_sm", programs_per_sm)):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
-        self.dequant, self.topk_skip = dequant, bool(topk_skip)
-        self.num_warps, self.num_stages = num_warps, num_stages
         self.num_splits = num_splits or choose_num_splits(num_reqs, width,
                                                           _num_sms(self.device),
                                                           programs_per_sm)
+        if window is None:
+            window = choose_window(self.num_splits, width, self.block_m)
+        if not isinstance(window, int) or window < 1 or window & (window - 1) \
+                or window * block_rows(query_len, num_heads) > 4096:
+            raise ValueError(f"window: expected a power of two with window * BLOCK_M <= 4096, "
+                             f"got {window!r}")
+        if maxnreg is not None and (not isinstance(maxnreg, int) or not 24 <= maxnreg <= 255):
+            raise ValueError(f"maxnreg: expected None or an int in 24..255, got {maxnreg!r}")
+        self.dequant, self.window, self.maxnreg = dequant, window, maxnreg
+        self.num_warps, self.num_stages = num_warps, num_stages
         self.splits_pad = triton.next_power_of_2(self.num_splits)
-        self.merge_rows = merge_rows_per_program(self.num_splits, query_len * num_heads)
-        n = _scratch_elems(num_reqs, self.num_splits, self.block_m)
+        self.keep = keep_per_split(self.num_splits, width)
+        self.merge_rows = merge_rows_per_program(self.num_splits, query_len * num_heads,
+                                                 self.keep, MERGE_TILE)
+        tile = self.merge_rows * self.keep * self.splits_pad
+        self.merge_warps = 1 if tile <= 512 else (2 if tile <= 1024 else 4)
+        n = _scratch_elems(num_reqs, self.num_splits, self.block_m, self.keep)
+        nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
         if score_buffer is None:
-            self.scratch = torch.empty(max(n, 1), dtype=torch.int64, device=self.device)
-        else:
-            self.scratch = self._scratch_view(score_buffer, n)
+            score_buffer = torch.empty(2 * max(n, 1) + nw, dtype=torch.float32,
+                                       device=self.device)
+        self.scratch, self.win = self._scratch_view(score_buffer, n, nw)
         if warmup is None:
             warmup = self.device.type == "cuda"
         if warmup:
             self._warmup()
 
     @property
+    def _reg_cap(self) -> dict:
+        """Launch option for the register cap (GPU compiles only)."""
+        if self.maxnreg is None or portable_default(self.device):
+            return {}
+        return {"maxnreg": self.maxnreg}
+
+    @property
     def error_bits(self) -> int:
         """SPEC 9's b for this runner's dot mode."""
         return SCORE_ERROR_BITS[self.dot]
 
-    def _scratch_view(self, buf: torch.Tensor, n: int) -> torch.Tensor:
+    def _scratch_view(self, buf: torch.Tensor, n: int, nw: int):
         if not isinstance(buf, torch.Tensor) or buf.dtype != torch.float32 or buf.dim() != 1 \
                 or not buf.is_contiguous():
             raise ValueError("score_buffer: expected a contiguous 1-d float32 tensor, got "
@@ -318,13 +393,15 @@ class DecodeRunner:
                              f"{tuple(getattr(buf, 'shape', ()))}")
         if buf.device != self.device:
             raise ValueError(f"score_buffer: expected a tensor on {self.device}, got {buf.device}")
-        if buf.numel() < 2 * max(n, 1):
-            raise ValueError(f"score_buffer: expected at least {2 * max(n, 1)} float32 elements "
+        need = 2 * n + nw
+        if buf.numel() < need:
+            raise ValueError(f"score_buffer: expected at least {need} float32 elements "
                              f"(score_buffer_size), got {buf.numel()}")
         if buf.data_ptr() % 8:
             raise ValueError("score_buffer: expected an 8-byte aligned start, got data_ptr "
                              f"{buf.data_ptr():#x}")
-        return buf[:2 * max(n, 1)].view(torch.int64)
+        cand = buf[:2 * n].view(torch.int64) if n else buf[:0].view(torch.int64)
+        return cand, buf[2 * n:need]
 
     def _warmup(self) -> None:
         b, w, q, h = self.num_reqs, self.width, self.query_len, self.num_heads
@@ -363,15 +440,15 @@ class DecodeRunner:
         with device_guard(self.device):
             _decode_score_kernel[(b, self.num_splits)](
                 q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
-                block_table, block_table.stride(0), seq_lens, self.scratch, out,
+                block_table, block_table.stride(0), seq_lens, self.scratch, self.win, out,
                 Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
-                DOT=self.dot, DEQUANT=self.dequant, TOPK_SKIP=self.topk_skip,
-                num_warps=self.num_warps, num_stages=self.num_stages)
+                DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
+                num_warps=self.num_warps, num_stages=self.num_stages, **self._reg_cap)
             if self.num_splits > 1:
                 _decode_merge_kernel[(b, triton.cdiv(q * h, self.merge_rows))](
                     self.scratch, seq_lens, out, Q=q, H=h, BLOCK_M=self.block_m,
                     NUM_SPLITS=self.num_splits, SPLITS_PAD=self.splits_pad,
-                    ROWS=self.merge_rows, num_warps=4)
+                    ROWS=self.merge_rows, KEEP=self.keep, num_warps=self.merge_warps)
         return out
 
 
@@ -393,7 +470,7 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
         cache: ``uint8 [N, 128, 72]`` paged cache. block_table: int32 ``[B, W]``.
         seq_lens: int32 ``[B]`` (Q <= seq_len <= W*128, or 0 for padding).
         query_len: Q in 1..8. out: int32 ``[B*Q, H, 16]`` contiguous.
-        dot / num_splits / tuning (dequant, topk_skip, num_warps, num_stages,
+        dot / num_splits / tuning (dequant, window, num_warps, num_stages,
         programs_per_sm): see ``DecodeRunner``.
     Inputs are assumed validated (``nvfp4_indexer.api.decode_indexer`` does it). Returns ``out``.
     """

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.prefill import plan_chunks
-from .decode import MAX_SPLITS, PROGRAMS_PER_SM, _num_sms
+from .decode import MAX_SPLITS, _num_sms
 from .gather import gather_into
 from .numerics import device_guard, portable_default
 from .scoring import block_rows_info, fp8_page_scores, load_q_t, plan_row_blocks, resolve_dot
@@ -41,6 +41,7 @@ from .topk import (EMPTY, empty_topk, load_candidates, merge_rows_per_program, p
 
 MAX_BLOCK_M = 64  # (token, head) rows per score program
 MIN_PAGES_PER_SPLIT = 4
+PROGRAMS_PER_SM = 8  # split target of the score kernel (the H200 lab tuned decode only)
 SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 
 

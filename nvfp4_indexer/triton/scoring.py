@@ -237,21 +237,40 @@ def load_q_quads_t(q_ptr, row_off, row_mask):
 
 
 @triton.jit
+def load_nvfp4_page(page_ptr, DEQUANT: tl.constexpr):
+    """The raw bytes of one NVFP4 page (``page_ptr``, SPEC 2) in the form its scorer takes:
+    ``(codes, scale bytes)``; ``codes`` are uint16 pairs ``[128, 32]`` for the ptx modes and
+    bytes ``[128, 64]`` otherwise, scale bytes are ``[128, 8]`` uint8."""
+    t = tl.arange(0, PAGE_SIZE)[:, None]
+    if DEQUANT != "triton":
+        cptr = (page_ptr + t * CODE_BYTES).to(tl.pointer_type(tl.uint16), bitcast=True) \
+            + tl.arange(0, 32)[None, :]
+    else:
+        cptr = page_ptr + t * CODE_BYTES + tl.arange(0, CODE_BYTES)[None, :]
+    sptr = page_ptr + SCALES_OFFSET + t * 8 + tl.arange(0, 8)[None, :]
+    return tl.load(cptr), tl.load(sptr)
+
+
+@triton.jit
 def nvfp4_page_scores_ptx(page_ptr, q0_t, q1_t, q2_t, q3_t, DEQUANT: tl.constexpr = "ptx"):
     """fp32 ``[BLOCK_M]`` scores of one NVFP4 page (``page_ptr``, SPEC 2) for the rows of
-    ``load_q_quads_t``: inline-PTX dequantization (``nvfp4_dequant_ptx``, bit-exact SPEC 1.4)
-    and four K=32 fp16 MMAs over dims 4i + j (j = 0..3); same products and error bound as dot
-    mode "fp16" (only the fp32 accumulation order differs). GPU only (SM89+).
+    ``load_q_quads_t``: ``load_nvfp4_page`` then ``nvfp4_scores_ptx``. GPU only (SM89+)."""
+    codes, sbytes = load_nvfp4_page(page_ptr, DEQUANT)
+    return nvfp4_scores_ptx(codes, sbytes, q0_t, q1_t, q2_t, q3_t, DEQUANT)
+
+
+@triton.jit
+def nvfp4_scores_ptx(codes, sbytes, q0_t, q1_t, q2_t, q3_t, DEQUANT: tl.constexpr = "ptx"):
+    """fp32 ``[BLOCK_M]`` scores of one NVFP4 page given as ``load_nvfp4_page`` bytes:
+    inline-PTX dequantization (``nvfp4_dequant_ptx``, bit-exact SPEC 1.4) and four K=32 fp16
+    MMAs over dims 4i + j (j = 0..3); same products and error bound as dot mode "fp16" (only
+    the fp32 accumulation order differs). GPU only (SM89+).
 
     The code bytes are read as uint16 pairs, so a thread's MMA operand registers (pairs of
     consecutive K) come from one 32-bit shared-memory word: no byte repacking. The page
     maximum is one NaN-ignoring max (``max.f32`` returns the non-NaN operand), NaN when all
     128 token scores are NaN, as SPEC 4 asks.
     """
-    t = tl.arange(0, PAGE_SIZE)[:, None]
-    codes = tl.load((page_ptr + t * CODE_BYTES).to(tl.pointer_type(tl.uint16), bitcast=True)
-                    + tl.arange(0, 32)[None, :])
-    sbytes = tl.load(page_ptr + SCALES_OFFSET + t * 8 + tl.arange(0, 8)[None, :])
     s8 = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
     s = tl.reshape(tl.broadcast_to(s8[:, :, None], (PAGE_SIZE, 8, 4)), (PAGE_SIZE, 32))
     k0, k1, k2, k3 = nvfp4_dequant_ptx(codes, s, DEQUANT)
@@ -276,9 +295,13 @@ def nvfp4_page_operands(page_ptr, DOT: tl.constexpr):
     conversion to E4M3 gives exactly dequant_e4m3. "fp32": one ``[128, 128]`` fp32 tile in
     dim order (returned twice) from the integer-bit E4M3 rounding of ``numerics``.
     """
-    t = tl.arange(0, PAGE_SIZE)[:, None]
-    codes = tl.load(page_ptr + t * CODE_BYTES + tl.arange(0, CODE_BYTES)[None, :])
-    sbytes = tl.load(page_ptr + SCALES_OFFSET + t * 8 + tl.arange(0, 8)[None, :])
+    codes, sbytes = load_nvfp4_page(page_ptr, "triton")
+    return nvfp4_operands(codes, sbytes, DOT)
+
+
+@triton.jit
+def nvfp4_operands(codes, sbytes, DOT: tl.constexpr):
+    """``nvfp4_page_operands`` of a page given as ``load_nvfp4_page(..., "triton")`` bytes."""
     if DOT == "fp32":
         s8 = e4m3_decode(sbytes)  # [128, 8] fp32 scale values
         c = tl.interleave(codes & 15, codes >> 4)  # [128, 128] codes in dim order
@@ -306,7 +329,14 @@ def page_max(token_scores):
 def nvfp4_page_scores(page_ptr, q_even_t, q_odd_t, DOT: tl.constexpr):
     """fp32 ``[BLOCK_M]`` scores of one NVFP4 page for the rows of ``q_even_t`` / ``q_odd_t``
     (``load_q_pairs_t``)."""
-    k_lo, k_hi = nvfp4_page_operands(page_ptr, DOT)
+    codes, sbytes = load_nvfp4_page(page_ptr, "triton")
+    return nvfp4_scores(codes, sbytes, q_even_t, q_odd_t, DOT)
+
+
+@triton.jit
+def nvfp4_scores(codes, sbytes, q_even_t, q_odd_t, DOT: tl.constexpr):
+    """``nvfp4_page_scores`` of a page given as ``load_nvfp4_page(..., "triton")`` bytes."""
+    k_lo, k_hi = nvfp4_operands(codes, sbytes, DOT)
     if DOT == "fp32":  # one K=128 fp32 dot (operands in dim order)
         acc = tl.dot(k_lo, q_even_t, input_precision="ieee", out_dtype=tl.float32)
     else:

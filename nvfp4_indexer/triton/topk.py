@@ -12,7 +12,7 @@ selection order of SPEC 5, so a selection step is one ``tl.max``:
 slot); it sorts below every real candidate, NaN pages included (their low half is never 0).
 
 Scorers keep a running top-16 per query row in registers (``topk_insert``, one candidate per
-page). 16 >= 15 kept history slots, so the 15 best pages of a row are always among the union
+page, or ``topk_merge``, a block of candidates at once). 16 >= 15 kept history slots, so the 15 best pages of a row are always among the union
 of the per-split top-16 lists, and ``write_selection`` (used by the merge kernels and by
 single-split scorers directly) picks the final 15 by 15 rounds of max-and-remove.
 
@@ -56,23 +56,46 @@ def candidate_id(packed):
 
 
 @triton.jit
-def empty_topk(ROWS: tl.constexpr):
-    """A running top-16 ``int64 [ROWS, 16]`` with no candidates."""
-    return tl.full([ROWS, 16], EMPTY, tl.int64)
+def empty_topk(ROWS: tl.constexpr, KEEP: tl.constexpr = 16):
+    """A running top-KEEP ``int64 [ROWS, KEEP]`` with no candidates (KEEP: a power of two;
+    16 keeps every possible selection, fewer suffice for a scorer that sees at most KEEP
+    pages)."""
+    return tl.full([ROWS, KEEP], EMPTY, tl.int64)
 
 
 @triton.jit
 def topk_insert(top, cand):
-    """Insert one candidate per row: ``top`` int64 ``[R, 16]``, ``cand`` int64 ``[R]``.
+    """Insert one candidate per row: ``top`` int64 ``[R, K]``, ``cand`` int64 ``[R]``.
 
     Replaces the row's smallest entry when ``cand`` is larger (EMPTY never displaces
-    anything). Keys of real candidates are distinct, so the kept set is exactly the 16 largest.
+    anything). Keys of real candidates are distinct, so the kept set is exactly the K largest.
     """
-    col = tl.arange(0, 16)[None, :]
+    K: tl.constexpr = top.shape[1]
+    col = tl.arange(0, K)[None, :]
     low = tl.min(top, 1)
-    first = tl.min(tl.where(top == low[:, None], col, 16), 1)  # one column even among EMPTYs
+    first = tl.min(tl.where(top == low[:, None], col, K), 1)  # one column even among EMPTYs
     take = (col == first[:, None]) & (cand > low)[:, None]
     return tl.where(take, cand[:, None], top)
+
+
+@triton.jit
+def topk_merge(top, keys):
+    """Merge a block of candidates into running top-K lists: ``top`` int64 ``[R, K]``,
+    ``keys`` int64 ``[R, C]`` (``EMPTY`` where none). Returns the K largest of each row's union.
+
+    Runs only as many rounds as the largest number of a row's candidates that beat that row's
+    current smallest entry (at most K); a round inserts each row's best remaining candidate
+    (``topk_insert``, descending order) and removes it. Once deep into a long context few
+    candidates beat the kept 16, so most blocks cost a comparison and a few rounds.
+    """
+    low = tl.min(top, 1)
+    beat = tl.sum((keys > low[:, None]).to(tl.int32), 1)
+    rounds = tl.minimum(tl.max(beat, 0), top.shape[1])
+    for _ in range(rounds):
+        best = tl.max(keys, 1)
+        top = topk_insert(top, best)
+        keys = tl.where(keys == best[:, None], EMPTY, keys)
+    return top
 
 
 @triton.jit
@@ -86,14 +109,16 @@ def write_selection(keys, local_page, out_row_ptr, row_mask):
         out_row_ptr: ``[R]`` pointers to each row's 16 int32 output slots.
         row_mask: ``[R]`` bool, rows to store.
     Output per row: L <= 15 -> ``[0, 1, ..., L, -1, ...]`` (padding rows use L = 0 and get
-    ``[0, -1 x 15]``); L >= 16 -> the 15 largest candidates by key, then L.
+    ``[0, -1 x 15]``); L >= 16 -> the 15 largest candidates by key, then L. The 15 rounds of
+    max-and-remove run only when some stored row has L >= 16.
     """
     slot = tl.arange(0, 16)[None, :]
     res = tl.full([keys.shape[0], 16], -1, tl.int32)
-    for k in tl.static_range(15):
-        best = tl.max(keys, 1)
-        res = tl.where(slot == k, candidate_id(best)[:, None], res)
-        keys = tl.where(keys == best[:, None], EMPTY, keys)
+    if tl.max(tl.where(row_mask, local_page, 0), 0) > 15:
+        for k in tl.static_range(15):
+            best = tl.max(keys, 1)
+            res = tl.where(slot == k, candidate_id(best)[:, None], res)
+            keys = tl.where(keys == best[:, None], EMPTY, keys)
     lp = local_page[:, None]
     res = tl.where(slot == 15, lp, res)
     res = tl.where(lp <= 15, tl.where(slot <= lp, slot, -1), res)
@@ -102,28 +127,37 @@ def write_selection(keys, local_page, out_row_ptr, row_mask):
 
 @triton.jit
 def load_candidates(scratch_ptr, rows, row_mask, NUM_SPLITS: tl.constexpr,
-                    SPLITS_PAD: tl.constexpr):
-    """Candidates ``int64 [R, SPLITS_PAD * 16]`` of scratch rows ``rows [R]`` (int64 row
-    indices into scratch ``[*, NUM_SPLITS, 16]``), EMPTY in the padding columns."""
-    c = tl.arange(0, SPLITS_PAD * 16)[None, :]
-    ptr = scratch_ptr + rows[:, None] * (NUM_SPLITS * 16) + c
-    ok = row_mask[:, None] & (c < NUM_SPLITS * 16)
+                    SPLITS_PAD: tl.constexpr, KEEP: tl.constexpr = 16):
+    """Candidates ``int64 [R, SPLITS_PAD * KEEP]`` of scratch rows ``rows [R]`` (int64 row
+    indices into scratch ``[*, NUM_SPLITS, KEEP]``), EMPTY in the padding columns."""
+    c = tl.arange(0, SPLITS_PAD * KEEP)[None, :]
+    ptr = scratch_ptr + rows[:, None] * (NUM_SPLITS * KEEP) + c
+    ok = row_mask[:, None] & (c < NUM_SPLITS * KEEP)
     return tl.load(ptr, mask=ok, other=EMPTY)
 
 
 @triton.jit
 def store_candidates(scratch_ptr, rows, top, split, NUM_SPLITS: tl.constexpr):
-    """Store running top-16 lists ``top [R, 16]`` of scratch rows ``rows [R]`` (int64) as
-    split ``split``'s slice of scratch ``[*, NUM_SPLITS, 16]``."""
-    c = tl.arange(0, 16)[None, :]
-    tl.store(scratch_ptr + rows[:, None] * (NUM_SPLITS * 16) + split * 16 + c, top)
+    """Store running top-KEEP lists ``top [R, KEEP]`` of scratch rows ``rows [R]`` (int64) as
+    split ``split``'s slice of scratch ``[*, NUM_SPLITS, KEEP]``."""
+    KEEP: tl.constexpr = top.shape[1]
+    c = tl.arange(0, KEEP)[None, :]
+    tl.store(scratch_ptr + rows[:, None] * (NUM_SPLITS * KEEP) + split * KEEP + c, top)
 
 
-def merge_rows_per_program(num_splits: int, rows: int) -> int:
+def merge_rows_per_program(num_splits: int, rows: int, keep: int = 16,
+                           max_tile: int = 4096) -> int:
     """Rows one merge program handles: a power of two <= ``rows`` keeping the candidate tile
-    at <= 4096 int64 elements."""
-    cols = 16 * triton.next_power_of_2(num_splits)
+    (``rows x keep * next_pow2(num_splits)`` int64) at <= ``max_tile`` elements."""
+    cols = keep * triton.next_power_of_2(num_splits)
     r = 1
-    while r * 2 <= rows and r * 2 * cols <= 4096:
+    while r * 2 <= rows and r * 2 * cols <= max_tile:
         r *= 2
     return r
+
+
+def keep_per_split(num_splits: int, width: int) -> int:
+    """Candidates a split keeps per row: min(16, next power of two >= its page count), where a
+    split scores at most ceil((width - 1) / num_splits) pages (static shapes only)."""
+    per = triton.cdiv(max(width - 1, 1), num_splits)
+    return min(16, triton.next_power_of_2(per))
