@@ -81,7 +81,7 @@ from .topk import (
     empty_topk,
     load_candidates,
     keep_per_split,
-    merge_rows_per_program,
+    merge_config,
     pack_candidate,
     store_candidates,
     topk_insert,
@@ -99,7 +99,6 @@ MAX_ROWS = 64  # Q * H rows a score program holds (BLOCK_M)
 WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM (H200 lab: +6-8 %)
-MERGE_TILE = 1024  # int64 candidates per merge program (small tiles: more programs, short rounds)
 PAGE = tl.constexpr(PAGE_SIZE)  # tokens per page, for the kernels
 _DEFAULT_NUM_SMS = 132  # used off CUDA (interpreter) and by score_buffer_size without a GPU
 
@@ -123,11 +122,15 @@ def _num_sms(device=None) -> int:
 def choose_num_splits(num_reqs: int, width: int, num_sms: int,
                       programs_per_sm: int = PROGRAMS_PER_SM) -> int:
     """NUM_SPLITS for a batch of ``num_reqs`` requests with block tables ``width`` wide on a GPU
-    with ``num_sms`` SMs (static shape only: never the sequence lengths); about
-    ``programs_per_sm`` score programs per SM."""
+    with ``num_sms`` SMs (static shape only: never the sequence lengths): about
+    ``programs_per_sm`` score programs per SM, at least ``MIN_PAGES_PER_SPLIT`` pages per split
+    once the grid exceeds two waves of 4 programs per SM; below that, splits as short as 2
+    pages (a small batch is latency-bound: shorter serial chains, H200 lab)."""
     max_pages = max(width - 1, 1)  # history pages <= (W*128 - 1) // 128
-    ns = min(triton.cdiv(programs_per_sm * num_sms, max(num_reqs, 1)),
-             triton.cdiv(max_pages, MIN_PAGES_PER_SPLIT), MAX_SPLITS)
+    b = max(num_reqs, 1)
+    ns = min(triton.cdiv(programs_per_sm * num_sms, b), triton.cdiv(max_pages, 2), MAX_SPLITS)
+    if b * ns > 8 * num_sms:
+        ns = min(ns, triton.cdiv(max_pages, MIN_PAGES_PER_SPLIT))
     return max(ns, 1)
 
 
@@ -358,10 +361,7 @@ class DecodeRunner:
         self.num_warps, self.num_stages = num_warps, num_stages
         self.splits_pad = triton.next_power_of_2(self.num_splits)
         self.keep = keep_per_split(self.num_splits, width)
-        self.merge_rows = merge_rows_per_program(self.num_splits, query_len * num_heads,
-                                                 self.keep, MERGE_TILE)
-        tile = self.merge_rows * self.keep * self.splits_pad
-        self.merge_warps = 1 if tile <= 512 else (2 if tile <= 1024 else 4)
+        self.merge_rows, self.merge_warps = merge_config(self.num_splits, self.keep)
         n = _scratch_elems(num_reqs, self.num_splits, self.block_m, self.keep)
         nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
         if score_buffer is None:

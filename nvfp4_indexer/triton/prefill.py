@@ -36,7 +36,7 @@ from .decode import MAX_SPLITS, _num_sms
 from .gather import gather_into
 from .numerics import device_guard, portable_default
 from .scoring import block_rows_info, fp8_page_scores, load_q_t, plan_row_blocks, resolve_dot
-from .topk import (EMPTY, empty_topk, load_candidates, merge_rows_per_program, pack_candidate,
+from .topk import (EMPTY, empty_topk, load_candidates, merge_config, pack_candidate,
                    store_candidates, topk_insert, write_selection)
 
 MAX_BLOCK_M = 64  # (token, head) rows per score program
@@ -157,9 +157,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                 blocks, nb, cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
                 DOT=dot, num_warps=4, num_stages=2)
             if ns > 1:
-                rows = merge_rows_per_program(ns, block_m)
+                rows, warps = merge_config(ns)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
                     cand, cu_seqlens_q, seq_lens, blocks, nb, out, H=h, BLOCK_M=block_m,
                     NUM_SPLITS=ns, SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows,
-                    num_warps=4)
+                    num_warps=warps)
     return out
