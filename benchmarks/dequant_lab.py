@@ -14,7 +14,8 @@ Steps (progress is printed and flushed as it goes; a compact table comes last):
    bytes 0x7F/0xFF, negative, maximal 0x7E and subnormal scales, random codes): every variant
    against the default path (rows identical) and against the exact reference scores
    (SPEC 9 tie-aware, b = 15).
-3. Timing: decode variants on b128 x 100K, b8 x 100K, b32 x 10K, b1 x 32K (Q=8, H=4), cold
+3. Timing: decode variants on b128 x 100K, b8 x 100K, b32 x 10K, b1 x 32K, b8 x 4K and
+   b128 x 1K (Q=8, H=4), cold
    cache (a page pool far larger than L2, block tables rotated across >= 2x L2 of traffic,
    ``benchmarks.pool`` / ``timing``), CUDA-graph replays: us/call, GB/s of necessary traffic
    (9216 B per history page + queries + outputs + block-table entries + seq lens,
@@ -39,7 +40,8 @@ def log(msg: str) -> None:
     print(f"[{time.monotonic() - START:6.1f}s] {msg}", flush=True)
 
 
-# Variants: name -> DecodeRunner tuning kwargs. "base" is the current default path.
+# Variants: name -> DecodeRunner tuning kwargs. "base" is the current default path
+# (docs/benchmarks.md records what each knob did on an H200).
 VARIANTS = {
     "base": {},
     "triton": {"dequant": "triton"},
@@ -61,7 +63,10 @@ Q_LEN, HEADS = 8, 4
 
 # ----------------------------------------------------------------------------- 1. operands
 
-def _operand_kernel():
+def operand_kernel():
+    """A Triton kernel: page ``pid``'s keys through ``scoring.nvfp4_dequant_ptx`` exactly as
+    the decode kernel calls it (uint16 code pairs, fp16 group scales), stored fp16 [128, 128].
+    Defined on call (it needs the GPU backend)."""
     import triton
     import triton.language as tl
 
@@ -87,8 +92,9 @@ def _operand_kernel():
     return kernel
 
 
-def check_operands(dev) -> list[tuple[str, str]]:
-    """All 16 x 256 (code, scale byte) pairs through each ptx mode vs the reference."""
+def pair_page_cache() -> torch.Tensor:
+    """Two pages (CPU cache) holding all 16 x 256 (code, scale byte) pairs in both nibbles of
+    every code byte position class."""
     from nvfp4_indexer import reference as ref
     cache = ref.new_index_cache(2, device="cpu")
     raw = cache.view(2, 9216)
@@ -98,10 +104,17 @@ def check_operands(dev) -> list[tuple[str, str]]:
     scales = torch.arange(1024) % 256
     raw[0, 8192:] = scales.to(torch.uint8)
     raw[1, 8192:] = ((scales * 37 + 11) % 256).to(torch.uint8)
+    return cache
+
+
+def check_operands(dev) -> list[tuple[str, str]]:
+    """All 16 x 256 (code, scale byte) pairs through each ptx mode vs the reference."""
+    from nvfp4_indexer import reference as ref
+    cache = pair_page_cache()
     want = ref.decode_e4m3(ref.dequantize_nvfp4(*ref.read_blocks(cache, torch.arange(2))))
     rows = []
     try:
-        kernel = _operand_kernel()
+        kernel = operand_kernel()
     except Exception as e:  # noqa: BLE001
         return [("operands", f"ERROR defining kernel: {type(e).__name__}: {e}")]
     for mode in ("ptx", "ptx_arith"):

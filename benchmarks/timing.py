@@ -321,6 +321,15 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
+def _git(args: list[str]) -> str | None:
+    """``git args`` at the project root, only when the root is a checkout of its own (an
+    unpacked archive inside another repository must not record that repository's HEAD)."""
+    top = _run(["git", "rev-parse", "--show-toplevel"])
+    if not top or os.path.realpath(top) != os.path.realpath(REPO_ROOT):
+        return None
+    return _run(["git", *args])
+
+
 def source_digest() -> str:
     """sha256 over the library's and the benchmarks' Python sources (path + bytes), so a run
     without git metadata can still be tied to a source tree."""
@@ -353,11 +362,11 @@ def environment(device: torch.device) -> dict:
         "spec_version": nvfp4_indexer.SPEC_VERSION,
         "argv": sys.argv,
         "source_sha256_16": source_digest(),
-        "git_commit": os.environ.get("NVFP4_BENCH_COMMIT") or _run(["git", "rev-parse", "HEAD"]),
+        "git_commit": os.environ.get("NVFP4_BENCH_COMMIT") or _git(["rev-parse", "HEAD"]),
         "git_dirty": None,
         "device_type": device.type,
     }
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    status = _git(["status", "--porcelain", "--untracked-files=no"])
     if status is not None:
         env["git_dirty"] = bool(status)
     try:

@@ -116,6 +116,12 @@ def environment() -> dict:
     commit = None
     try:
         root = Path(__file__).resolve().parent.parent
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root,
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+        if not top or Path(top).resolve() != root:
+            # not a checkout of its own (e.g. an unpacked archive inside another repository,
+            # whose HEAD would be recorded otherwise)
+            raise LookupError("no git checkout at the project root")
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],

@@ -264,3 +264,23 @@ def test_cpu_smoke_triton_interpreter(tmp_path):
             if suite.startswith("decode"):
                 assert rec["shared_score_buffer_elems"] is None or \
                     rec["shared_score_buffer_elems"] > 0
+
+
+def test_git_metadata_only_from_a_checkout_of_its_own(tmp_path, monkeypatch):
+    """A source tree unpacked inside another repository (e.g. a ``git archive`` snapshot)
+    records no commit rather than the enclosing repository's HEAD."""
+    from benchmarks import timing
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("git not installed")
+    outer = tmp_path / "outer"
+    inner = outer / "snapshot"
+    inner.mkdir(parents=True)
+    subprocess.run(git + ["init", "-q", str(outer)], check=True)
+    (outer / "f").write_text("x")
+    subprocess.run(git + ["-C", str(outer), "add", "f"], check=True)
+    subprocess.run(git + ["-C", str(outer), "commit", "-qm", "c"], check=True)
+    monkeypatch.setattr(timing, "REPO_ROOT", inner)
+    assert timing._git(["rev-parse", "HEAD"]) is None
+    monkeypatch.setattr(timing, "REPO_ROOT", outer)
+    assert timing._git(["rev-parse", "HEAD"]) is not None

@@ -321,43 +321,9 @@ def test_runner_rejects_bad_knobs():
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 if HAS_CUDA:
-    import triton
-    import triton.language as tl
-
-    from nvfp4_indexer.triton import scoring as _scoring
-
-    @triton.jit
-    def _ptx_operands_kernel(cache_ptr, out_ptr, DEQUANT: tl.constexpr):
-        """Page ``pid``'s keys through ``nvfp4_dequant_ptx``, stored fp16 [128, 128]."""
-        pid = tl.program_id(0)
-        page = cache_ptr + pid * 9216
-        t = tl.arange(0, 128)[:, None]
-        codes = tl.load((page + t * 64).to(tl.pointer_type(tl.uint16), bitcast=True)
-                        + tl.arange(0, 32)[None, :])
-        sb = tl.load(page + 8192 + t * 8 + tl.arange(0, 8)[None, :])
-        s8 = sb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (128, 8, 4)), (128, 32))
-        k0, k1, k2, k3 = _scoring.nvfp4_dequant_ptx(codes, s, DEQUANT)
-        base = out_ptr + pid * 128 * 128 + t * 128 + 4 * tl.arange(0, 32)[None, :]
-        tl.store(base, k0)
-        tl.store(base + 1, k1)
-        tl.store(base + 2, k2)
-        tl.store(base + 3, k3)
-
-
-def _pair_page_cache():
-    """Two pages covering all 16 x 256 (code, scale byte) pairs in both nibbles of every code
-    byte position class (see test_triton_scoring.test_page_operands_bit_exact)."""
-    from nvfp4_indexer import reference as ref
-    cache = ref.new_index_cache(2, device="cpu")
-    raw = cache.view(2, 9216)
-    group = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)
-    raw[0, :8192] = group.repeat(1024)
-    raw[1, :8192] = ((group << 4) | (group >> 4)).repeat(1024)
-    scales = torch.arange(1024) % 256
-    raw[0, 8192:] = scales.to(torch.uint8)
-    raw[1, 8192:] = ((scales * 37 + 11) % 256).to(torch.uint8)
-    return cache
+    # the lab's operand kernel and pages (benchmarks/dequant_lab.py): one definition of both
+    from benchmarks.dequant_lab import operand_kernel as _operand_kernel
+    from benchmarks.dequant_lab import pair_page_cache as _pair_page_cache
 
 
 @pytest.mark.gpu
@@ -371,7 +337,7 @@ def test_gpu_ptx_operands_bit_exact(mode):
     cache = _pair_page_cache()
     want = ref.decode_e4m3(ref.dequantize_nvfp4(*ref.read_blocks(cache, torch.arange(2))))
     got = torch.full((2, 128, 128), -7.0, dtype=torch.float16, device="cuda")
-    _ptx_operands_kernel[(2,)](cache.cuda(), got, DEQUANT=mode)
+    _operand_kernel()[(2,)](cache.cuda(), got, DEQUANT=mode)
     got = got.float().cpu()
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     keep = ~torch.isnan(want)

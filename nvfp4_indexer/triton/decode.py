@@ -9,34 +9,42 @@ request's history pages ``j < n = (seq_len - 1) // 128`` (the last query's L; n 
 n <= 15: every row is then a short row, SPEC 5 gives it by formula): split s takes pages
 ``[s*c, min((s+1)*c, n))`` with ``c = ceil(n / NUM_SPLITS)``. Per page (one iteration = 128
 tokens): the block id from the block table, the page's 8192 code bytes and 1024 scale bytes
-from ``cache + block * page_stride`` (read in place), dequantization in registers (SPEC 1.4),
-``[128 tokens, BLOCK_M]`` token scores as two K=64 MMAs (one K=128 fp32 dot in the
-interpreter), the NaN-skipping max over tokens, and
-insertion of (score, j) into each row's running top-16, only for rows with j < their local page
-L_i = (seq_len - Q + i) // 128. Each program writes its complete top-16 lists to the candidate
-scratch ``int64 [B, BLOCK_M, NUM_SPLITS, 16]`` (see ``topk``).
+from ``cache + block * page_stride`` (read in place; Triton's pipeliner turns the loads into
+``cp.async`` copies), dequantization in registers (SPEC 1.4), ``[128 tokens, BLOCK_M]`` token
+scores on tensor cores, and the NaN-skipping max over tokens. The page's candidate (score, j)
+counts only for rows with j < their local page L_i = (seq_len - Q + i) // 128. Each program
+keeps a running top-KEEP per row, KEEP = min(16, next power of two >= its page count)
+(``topk.keep_per_split``: a split never needs more), updated either per page
+(``topk_insert``, WINDOW = 1) or, for splits of >= ``MIN_WINDOW_PAGES`` pages, once per
+window of WINDOW pages whose scores were buffered in a per-program scratch
+(``topk_merge``: only as many rounds as candidates beat the kept entries). Each program then
+writes its lists to the candidate scratch ``int64 [B, BLOCK_M, NUM_SPLITS, KEEP]``.
 
-Dequantization (the ``DEQUANT`` constexpr, ``DecodeRunner(dequant=...)``): "triton" is ``scoring.nvfp4_page_scores``; "ptx" / "ptx_arith" (GPU, dot "fp16") are
-``scoring.nvfp4_page_scores_ptx``: code bytes read as uint16 pairs, inline-PTX dequantization
-(bit-exact SPEC 1.4, "ptx_arith" without conversion instructions, which are slow on Hopper);
-"ptx" is the default on SM89+ GPUs (1.4x the "triton" mode on H200, docs/benchmarks.md)
-and four K=32 fp16 MMAs over dims 4i + j. ``TOPK_SKIP`` updates the running top-16 only when
-some row's candidate beats that row's smallest kept entry (identical lists). These and
-num_warps / num_stages / programs_per_sm are tuning knobs for ``benchmarks/dequant_lab.py``.
+Dequantization (the ``DEQUANT`` constexpr, ``DecodeRunner(dequant=...)``): "triton" is
+``scoring.nvfp4_page_scores`` (two K=64 MMAs; one K=128 fp32 dot in the interpreter); "ptx" /
+"ptx_arith" (GPU, dot "fp16") are ``scoring.nvfp4_page_scores_ptx``: code bytes read as uint16
+pairs, inline-PTX dequantization (bit-exact SPEC 1.4, "ptx_arith" without conversion
+instructions) and four K=32 fp16 MMAs over dims 4i + j. "ptx" is the default on SM89+ GPUs.
+These and window / num_warps / num_stages / programs_per_sm / maxnreg are tuning knobs for
+``benchmarks/dequant_lab.py``; the defaults are what the H200 lab measured best
+(docs/benchmarks.md).
 
-Merge kernel, grid ``(B, ceil(Q*H / ROWS))``: loads the ``NUM_SPLITS * 16`` candidates of ROWS
-rows and writes the final SPEC 5 output (15 rounds of max-and-remove, slot 15 = L, short and
+Merge kernel, grid ``(B, Q*H)``: one row per program (``topk.merge_config``; 1-4 warps by
+the candidate count) loads the row's ``NUM_SPLITS * KEEP`` candidates and writes the final
+SPEC 5 output (15 rounds of max-and-remove, skipped when the row is short; slot 15 = L;
 padding rows by formula). With ``NUM_SPLITS == 1`` the score kernel writes the output itself
-and there is no merge launch and no scratch.
+and there is no merge launch and no candidate scratch.
 
 Nothing depends on host values of ``seq_lens`` / ``block_table``: the grid and all constexprs
 are a function of (B, W, Q, H, SM count), every program writes all of its outputs every run
-(no state carried between runs), so a CUDA-graph replay after in-place changes of the buffers
-computes fresh results. Block-table entries at or past a request's history page count are
-never read.
+(no state carried between runs; the window scratch is rewritten before it is read), so a
+CUDA-graph replay after in-place changes of the buffers computes fresh results. Block-table
+entries at or past a request's history page count are never read.
 
-``NUM_SPLITS`` = min(ceil(PROGRAMS_PER_SM * num_sms / B), ceil((W - 1) / MIN_PAGES_PER_SPLIT),
-MAX_SPLITS), at least 1: long contexts fill the GPU at small batch.
+``NUM_SPLITS`` (``choose_num_splits``) = min(ceil(PROGRAMS_PER_SM * num_sms / B),
+ceil((W - 1) / 2), MAX_SPLITS), lowered to ceil((W - 1) / MIN_PAGES_PER_SPLIT) once
+B * NUM_SPLITS exceeds two waves (8 programs per SM): long contexts fill the GPU at small
+batch, small batches keep short serial chains.
 
 Error bound (SPEC 9)
 --------------------
