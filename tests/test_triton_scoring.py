@@ -516,9 +516,9 @@ def prefill_batch(specs, seed, **kw):
     return batch, qsl
 
 
-@pytest.mark.parametrize("heads,num_splits,budget", [(1, None, None), (2, 1, 40),
-                                                     (2, 3, 17)])
-def test_prefill_matches_reference(heads, num_splits, budget):
+@pytest.mark.parametrize("heads,num_splits,budget,window", [(1, None, None, None),
+                                                            (2, 1, 40, 4), (2, 3, 17, 2)])
+def test_prefill_matches_reference(heads, num_splits, budget, window):
     # Rows straddling page 16 (short and long rows in one block), a one-token request, a
     # request without history, context-free long prompt; budget 17 forces one request per
     # chunk for the long ones.
@@ -531,7 +531,7 @@ def test_prefill_matches_reference(heads, num_splits, budget):
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
     PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget,
-                            out, num_splits=num_splits)
+                            out, num_splits=num_splits, window=window)
     assert_guards(big)
     assert_unchanged(batch, q, snap)
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,

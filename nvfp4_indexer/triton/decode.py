@@ -89,11 +89,13 @@ from .topk import (
     empty_topk,
     load_candidates,
     keep_per_split,
+    choose_window as topk_choose_window,
     merge_config,
+    merge_window,
     pack_candidate,
     store_candidates,
     topk_insert,
-    topk_merge,
+    window_buffer,
     write_selection,
 )
 
@@ -143,13 +145,11 @@ def choose_num_splits(num_reqs: int, width: int, num_sms: int,
 
 
 def choose_window(num_splits: int, width: int, block_m: int) -> int:
-    """Default top-k window: 1 (a direct insert per page) when a split holds fewer than
-    ``MIN_WINDOW_PAGES`` pages, else ``WINDOW`` capped by the split's pages and by
-    ``window * BLOCK_M <= 4096`` (static shapes only)."""
+    """Default top-k window (``topk.choose_window``): 1 (a direct insert per page) when a
+    split holds fewer than ``MIN_WINDOW_PAGES`` pages, else ``WINDOW`` capped by the split's
+    pages and by ``window * BLOCK_M <= 4096`` (static shapes only)."""
     per = triton.cdiv(max(width - 1, 1), num_splits)
-    if per < MIN_WINDOW_PAGES:
-        return 1
-    return min(WINDOW, triton.next_power_of_2(per), 4096 // block_m)
+    return topk_choose_window(per, block_m, WINDOW, MIN_WINDOW_PAGES)
 
 
 def _scratch_elems(num_reqs: int, num_splits: int, rows: int, keep: int) -> int:
@@ -235,23 +235,16 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
             cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
             top = topk_insert(top, tl.where(j < local, cand, EMPTY))
     else:
-        prog = (b * NUM_SPLITS + split).to(tl.int64)
-        win_base = win_ptr + prog * (2 * WINDOW * BLOCK_M)
-        col = tl.arange(0, WINDOW)
+        prog = b * NUM_SPLITS + split
         for w0 in range(start, end, WINDOW):
             w_end = tl.minimum(w0 + WINDOW, end)
-            buf = win_base + ((w0 - start) // WINDOW % 2) * (WINDOW * BLOCK_M)
+            buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
             for j in range(w0, w_end):
                 block = tl.load(bt_row + j).to(tl.int64)
                 score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
                                      q_odd, DOT, DEQUANT)
                 tl.store(buf + (j - w0) * BLOCK_M + m, score)
-            tl.debug_barrier()  # the window's scores, stored by all threads, are visible
-            jj = w0 + col[None, :]
-            ok = (jj < w_end) & (jj < local[:, None])
-            s = tl.load(buf + col[None, :] * BLOCK_M + m[:, None], mask=ok, other=0.0,
-                        cache_modifier=".cg")
-            top = topk_merge(top, tl.where(ok, pack_candidate(s, jj + 0 * m[:, None]), EMPTY))
+            top = merge_window(top, buf, w0, w_end, local, WINDOW)
 
     if NUM_SPLITS == 1:
         write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)

@@ -36,8 +36,9 @@ from .decode import MAX_SPLITS, _num_sms
 from .gather import gather_into
 from .numerics import device_guard, portable_default
 from .scoring import block_rows_info, fp8_page_scores, load_q_t, plan_row_blocks, resolve_dot
-from .topk import (EMPTY, empty_topk, load_candidates, merge_config, pack_candidate,
-                   store_candidates, topk_insert, write_selection)
+from .topk import (EMPTY, choose_window, empty_topk, load_candidates, merge_config,
+                   merge_window, pack_candidate, store_candidates, topk_insert, window_buffer,
+                   write_selection)
 
 MAX_BLOCK_M = 64  # (token, head) rows per score program
 MIN_PAGES_PER_SPLIT = 4
@@ -47,9 +48,10 @@ SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 
 @triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
 def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
-                          qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr,
+                          qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, cand_ptr, win_ptr, out_ptr,
                           H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          DOT: tl.constexpr):
+                          DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
+                          KEEP: tl.constexpr = 16):
     blk = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -64,11 +66,23 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
     r = tl.load(blk_ptr + blk)
     ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * (128 * 128)
 
-    top = empty_topk(BLOCK_M)
-    for j in range(start, end):
-        score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
-        cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
-        top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+    # Running top-KEEP per row: one insert per page (WINDOW == 1) or one merge per window of
+    # WINDOW pages whose scores wait in this program's window scratch (as in decode).
+    top = empty_topk(BLOCK_M, KEEP)
+    if WINDOW == 1:
+        for j in range(start, end):
+            score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
+            cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
+            top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+    else:
+        prog = blk * NUM_SPLITS + split
+        for w0 in range(start, end, WINDOW):
+            w_end = tl.minimum(w0 + WINDOW, end)
+            buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
+            for j in range(w0, w_end):
+                score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
+                tl.store(buf + (j - w0) * BLOCK_M + rows, score)
+            top = merge_window(top, buf, w0, w_end, local, WINDOW)
 
     if NUM_SPLITS == 1:
         write_selection(top, local, out_ptr + (token * H + h) * 16, row_ok)
@@ -79,14 +93,15 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
 @triton.jit(do_not_specialize=["num_blocks"])
 def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, out_ptr,
                           H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
+                          SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
+                          KEEP: tl.constexpr = 16):
     blk = tl.program_id(0)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
                                               rows, H)
     row_ok = row_ok & (rows < BLOCK_M)
     keys = load_candidates(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), row_ok, NUM_SPLITS,
-                           SPLITS_PAD)
+                           SPLITS_PAD, KEEP)
     write_selection(keys, local, out_ptr + (token * H + h) * 16, row_ok)
 
 
@@ -99,7 +114,7 @@ def _num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_gather_pages: int,
                     out: torch.Tensor, *, dot: str | None = None,
-                    num_splits: int | None = None) -> torch.Tensor:
+                    num_splits: int | None = None, window: int | None = None) -> torch.Tensor:
     """Selected pages of prefill requests into ``out`` (SPEC 5, 7).
 
     Args:
@@ -109,10 +124,15 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         max_gather_pages: workspace budget in pages per chunk (>= any request's history).
         out: int32 ``[Tp, H, 16]`` contiguous.
         dot: dot mode (``scoring.DOT_MODES``; default fp16 on GPU, fp32 under the
-        interpreter). num_splits: NUM_SPLITS override (tests / tuning).
+        interpreter). num_splits: NUM_SPLITS override (tests / tuning). window: top-k
+        window override (a power of two, window * BLOCK_M <= 4096; default
+        ``topk.choose_window``: 1 below 32 pages per split).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     """
+    if window is not None and (not isinstance(window, int) or window < 1
+                               or window & (window - 1) or window > 64):
+        raise ValueError(f"window: expected None or a power of two in 1..64, got {window!r}")
     t, h, _ = index_q.shape
     num_reqs = block_table.shape[0]
     dev = index_q.device
@@ -149,17 +169,22 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         ns = num_splits or _num_splits(nb, score_pages, num_sms)
         if score_pages == 0:
             ns = 1
-        cand = torch.empty((nb * block_m * ns * 16 if ns > 1 else 1,), dtype=torch.int64,
+        per = triton.cdiv(max(score_pages, 1), ns)  # pages of the longest split
+        keep = min(16, triton.next_power_of_2(per))
+        win = window if window is not None else choose_window(per, block_m)
+        cand = torch.empty((nb * block_m * ns * keep if ns > 1 else 1,), dtype=torch.int64,
                            device=dev)
+        scratch = torch.empty((nb * ns * 2 * win * block_m if win > 1 else 1,),
+                              dtype=torch.float32, device=dev)
         with device_guard(dev):
             _prefill_score_kernel[(nb, ns)](
                 q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
-                blocks, nb, cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
-                DOT=dot, num_warps=4, num_stages=2)
+                blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
+                DOT=dot, WINDOW=win, KEEP=keep, num_warps=4, num_stages=2)
             if ns > 1:
-                rows, warps = merge_config(ns)
+                rows, warps = merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
                     cand, cu_seqlens_q, seq_lens, blocks, nb, out, H=h, BLOCK_M=block_m,
                     NUM_SPLITS=ns, SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows,
-                    num_warps=warps)
+                    KEEP=keep, num_warps=warps)
     return out

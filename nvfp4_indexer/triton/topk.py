@@ -99,6 +99,42 @@ def topk_merge(top, keys):
 
 
 @triton.jit
+def window_buffer(win_ptr, prog, window_index, ROWS: tl.constexpr, WINDOW: tl.constexpr):
+    """fp32 pointer to the half of program ``prog``'s window scratch (``[2, WINDOW, ROWS]`` per
+    program; consecutive windows alternate halves) that window ``window_index`` writes."""
+    base = win_ptr + prog.to(tl.int64) * (2 * WINDOW * ROWS)
+    return base + (window_index % 2) * (WINDOW * ROWS)
+
+
+@triton.jit
+def merge_window(top, buf, w0, w_end, local_page, WINDOW: tl.constexpr):
+    """Merge a window of page scores into the running top lists ``top [R, K]``.
+
+    ``buf`` (``window_buffer``) holds fp32 scores ``[WINDOW, R]`` of pages ``w0 .. w_end - 1``
+    (slot ``j - w0``), stored by every thread of the program; one barrier makes them visible.
+    Pages at or past a row's local page ``local_page [R]`` are not candidates of that row.
+    The other half of the scratch is written next, so no second barrier is needed before it.
+    """
+    R: tl.constexpr = top.shape[0]
+    m = tl.arange(0, R)
+    col = tl.arange(0, WINDOW)
+    tl.debug_barrier()
+    jj = w0 + col[None, :]
+    ok = (jj < w_end) & (jj < local_page[:, None])
+    s = tl.load(buf + col[None, :] * R + m[:, None], mask=ok, other=0.0, cache_modifier=".cg")
+    return topk_merge(top, tl.where(ok, pack_candidate(s, jj + 0 * m[:, None]), EMPTY))
+
+
+def choose_window(pages_per_split: int, rows: int, window: int = 64,
+                  min_pages: int = 32) -> int:
+    """Top-k window of a scorer: 1 (a direct insert per page) below ``min_pages`` pages per
+    split, else ``window`` capped by the split's pages and by ``window * rows <= 4096``."""
+    if pages_per_split < min_pages:
+        return 1
+    return min(window, triton.next_power_of_2(pages_per_split), 4096 // rows)
+
+
+@triton.jit
 def write_selection(keys, local_page, out_row_ptr, row_mask):
     """Select and store the SPEC 5 output of ``R`` query rows.
 
