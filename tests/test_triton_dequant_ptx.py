@@ -312,6 +312,9 @@ def test_runner_rejects_bad_knobs():
             decode.DecodeRunner(4, 2, 8, 2, "cpu", window=bad, warmup=False)
     with pytest.raises(ValueError, match="maxnreg"):
         decode.DecodeRunner(4, 2, 8, 2, "cpu", maxnreg=8, warmup=False)
+    for bad in (-1, 0, 2.5, "3", True, decode.MAX_SPLITS + 1):  # never silently unwritten
+        with pytest.raises(ValueError, match="num_splits"):
+            decode.DecodeRunner(4, 2, 8, 2, "cpu", num_splits=bad, warmup=False)
     r = decode.DecodeRunner(4, 2, 8, 2, "cpu", programs_per_sm=1, warmup=False)
     assert r.dequant == "triton" and r.num_splits >= 1
 

@@ -483,6 +483,15 @@ def test_decode_score_buffer_and_splits():
     assert DECODE.score_buffer_size(2000, 20, 2, 2, num_sms=2) == 0
     # long splits buffer WINDOW pages of scores per program (two halves)
     assert DECODE.choose_window(1, 2000, 16) == DECODE.WINDOW
+    # a runner with overrides fits a buffer sized with the same overrides, not a smaller one
+    for kw in ({"num_splits": 7}, {"programs_per_sm": 1}, {"window": 4, "num_splits": 2}):
+        need = DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=DECODE._num_sms(DEV), **kw)
+        DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
+                            score_buffer=torch.empty(need, device=DEV), **kw)
+        if need > 2:
+            with pytest.raises(ValueError, match="score_buffer"):
+                DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
+                                    score_buffer=torch.empty(need - 2, device=DEV), **kw)
     ns3 = DECODE.choose_num_splits(3, 2000, 2)
     assert DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=2) == \
         2 * 3 * 16 * ns3 * DECODE.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * DECODE.WINDOW * 16
@@ -551,6 +560,11 @@ def test_prefill_api_and_nan_page():
     assert torch.isnan(exact[:4, :, 5]).all()
     check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
     assert (out[:4, 0, :15] != 5).all(), "the NaN page must be the one left out (L = 17)"
+    # tuning overrides are checked before anything runs (a bad one never leaves out unwritten)
+    for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
+                                    64, out, **kw)
 
 
 # ---------------------------------------------------------------------------------- page scores

@@ -163,23 +163,29 @@ def _window_elems(num_reqs: int, num_splits: int, rows: int, window: int) -> int
 
 
 def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: int = 8, *,
-                      num_sms: int | None = None, window: int | None = None) -> int:
-    """float32 elements of candidate scratch a ``DecodeRunner`` needs (SPEC 6).
+                      num_sms: int | None = None, window: int | None = None,
+                      num_splits: int | None = None,
+                      programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """float32 elements of scratch a ``DecodeRunner`` needs (SPEC 6): its int64 candidate
+    scratch and its fp32 page-score window buffer.
 
     Args:
         num_reqs: padded batch size B. num_pages: block-table width W (pages per request).
         num_heads: index heads H. query_len: Q (1..8).
         num_sms: SMs of the GPU the runner will use; default: the current CUDA device's, or
             132 without CUDA.
-        window: the runner's top-k window (default ``choose_window``).
+        window / num_splits / programs_per_sm: the runner's overrides, if it was given any
+            (defaults: ``choose_window`` / ``choose_num_splits`` / ``PROGRAMS_PER_SM``).
     Returns:
         Number of float32 elements: the int64 candidate scratch (none when the runner does not
-        split) followed by the page-score window buffer. A buffer this size can back any
-        runner of these shapes on such a GPU (wrappers that never run at once may share one).
+        split) followed by the window buffer (none for window 1). A buffer this size can back
+        the runner of these shapes and overrides on such a GPU (wrappers that never run at
+        once may share one: pass the largest size).
+    No errors are raised here; bad sizes are refused by ``DecodeRunner``.
     """
     if num_sms is None:
         num_sms = _num_sms()
-    ns = choose_num_splits(num_reqs, num_pages, num_sms)
+    ns = num_splits or choose_num_splits(num_reqs, num_pages, num_sms, programs_per_sm)
     rows = block_rows(query_len, num_heads)
     window = window or choose_window(ns, num_pages, rows)
     keep = keep_per_split(ns, num_pages)
@@ -220,10 +226,10 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
         q_even, q_odd = load_q_pairs_t(q_ptr, q_off, row_ok, DOT)
         q0, q1, q2, q3 = q_even, q_odd, q_even, q_odd  # unused
 
-    # WINDOW == 1: each page's candidate goes straight into the running top-16
+    # WINDOW == 1: each page's candidate goes straight into the running top-KEEP
     # (``topk_insert``). WINDOW > 1: page scores go to this program's slice of the window
     # buffer (fp32 [2, WINDOW, BLOCK_M], the halves alternate) and are merged into the running
-    # top-16 once per window (one barrier, ``topk_merge``). Loads are left to Triton's
+    # top-KEEP once per window (one barrier, ``topk_merge``). Loads are left to Triton's
     # pipeliner (cp.async into shared memory).
     top = empty_topk(BLOCK_M, KEEP)
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
@@ -287,10 +293,12 @@ class DecodeRunner:
         num_heads: H (Q*H <= 64). num_reqs: padded batch B. width: block-table width W.
         query_len: Q (1..8). device: the CUDA device (or CPU under the interpreter).
         score_buffer: optional float32 scratch of at least ``score_buffer_size(B, W, H, Q)``
-            elements (8-byte aligned) shared with runners that never run concurrently.
+            elements (with the same ``window`` / ``num_splits`` / ``programs_per_sm``
+            overrides, if any; 8-byte aligned), shared with runners that never run
+            concurrently.
         dot: dot mode (``scoring.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison (see SCORE_ERROR_BITS).
-        num_splits: override NUM_SPLITS (tests / tuning).
+        num_splits: override NUM_SPLITS (tests / tuning): an int in 1..MAX_SPLITS.
         dequant: how a page is dequantized (``scoring.DEQUANT_MODES``; default
             ``default_dequant``: "ptx" on SM89+ GPUs with dot "fp16", else "triton"): "triton"
             (Triton ops, every dot mode), "ptx" (inline PTX with native E4M3 conversions) or
@@ -300,7 +308,7 @@ class DecodeRunner:
             and dot "fp16", and score with four K=32 MMAs (same error bound as "fp16").
         window: pages scored between two top-k merges (a power of two; default
             ``choose_window``): page scores go to a small per-program buffer and are merged
-            into the running top-16 once per window (``topk.topk_merge``); 1 inserts every
+            into the running top-KEEP once per window (``topk.topk_merge``); 1 inserts every
             page's candidate at once (``topk.topk_insert``).
         num_warps / num_stages: score-kernel launch options (tuning; default 4 / 2).
         maxnreg: register cap of the score kernel (tuning; default ``MAXNREG``, None: no cap).
@@ -347,6 +355,11 @@ class DecodeRunner:
         for name, val in (("num_stages", num_stages), ("programs_per_sm", programs_per_sm)):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
+        if num_splits is not None and (not isinstance(num_splits, int)
+                                       or isinstance(num_splits, bool)
+                                       or not 1 <= num_splits <= MAX_SPLITS):
+            raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
+                             f"{num_splits!r}")
         self.num_splits = num_splits or choose_num_splits(num_reqs, width,
                                                           _num_sms(self.device),
                                                           programs_per_sm)
@@ -472,7 +485,7 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
         seq_lens: int32 ``[B]`` (Q <= seq_len <= W*128, or 0 for padding).
         query_len: Q in 1..8. out: int32 ``[B*Q, H, 16]`` contiguous.
         dot / num_splits / tuning (dequant, window, num_warps, num_stages,
-        programs_per_sm): see ``DecodeRunner``.
+        programs_per_sm, maxnreg): see ``DecodeRunner``.
     Inputs are assumed validated (``nvfp4_indexer.api.decode_indexer`` does it). Returns ``out``.
     """
     b, w = block_table.shape

@@ -14,11 +14,13 @@ of one request (``scoring.plan_row_blocks``); its pages are those below the loca
 last row (rows are bottom-right aligned, so that is the block's largest L), 0 when that is
 <= 15. Split s takes the s-th of NUM_SPLITS equal ranges of those pages; per page: a
 ``[128 tokens, 128 dims]`` E4M3 tile from the workspace, ``[128, BLOCK_M]`` token scores in one
-K=128 MMA, the NaN-skipping max, insertion into each row's running top-16 (rows with j < L).
-No ``[tokens, heads, pages]`` score tensor exists: each program writes its top-16 lists to the
-candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, 16]``; the merge kernel (grid
-``(blocks, ceil(BLOCK_M / ROWS))``) selects the final 15 and writes SPEC 5's output. With one
-split the score kernel writes the output itself.
+K=128 MMA, the NaN-skipping max, and the page's candidate for rows with j < L, kept in each
+row's running top-KEEP list (KEEP = min(16, next power of two >= pages per split); updated per
+page, or once per window of buffered page scores for splits of >= 32 pages, as in ``decode``).
+No ``[tokens, heads, pages]`` score tensor exists: each program writes its lists to the
+candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kernel (grid
+``(blocks, BLOCK_M)``, one row per program, ``topk.merge_config``) selects the final 15 and
+writes SPEC 5's output. With one split the score kernel writes the output itself.
 
 Dot modes and their error bounds are those of ``decode`` (``SCORE_ERROR_BITS``). Host syncs
 are allowed in prefill (SPEC 7): the plan reads ``cu_seqlens_q`` and ``seq_lens`` once.
@@ -129,7 +131,15 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         ``topk.choose_window``: 1 below 32 pages per split).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
+    Raises:
+        ValueError: ``num_splits`` not None or an int in 1..MAX_SPLITS; ``window`` not None or
+        a power of two in 1..64.
     """
+    if num_splits is not None and (not isinstance(num_splits, int)
+                                   or isinstance(num_splits, bool)
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
+                         f"{num_splits!r}")
     if window is not None and (not isinstance(window, int) or window < 1
                                or window & (window - 1) or window > 64):
         raise ValueError(f"window: expected None or a power of two in 1..64, got {window!r}")

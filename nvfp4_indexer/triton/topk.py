@@ -1,4 +1,5 @@
-"""Top-k page selection on the GPU: packed candidate keys, running top-16, final write (SPEC 5).
+"""Top-k page selection on the GPU: packed candidate keys, running top-K lists, final write
+(SPEC 5).
 
 A candidate (page score, logical page id) is packed into one int64 whose signed order is the
 selection order of SPEC 5, so a selection step is one ``tl.max``:
@@ -11,14 +12,19 @@ selection order of SPEC 5, so a selection step is one ``tl.max``:
 ``EMPTY`` (INT64_MIN) marks "no candidate" (a page that is not the row's history, an unused
 slot); it sorts below every real candidate, NaN pages included (their low half is never 0).
 
-Scorers keep a running top-16 per query row in registers (``topk_insert``, one candidate per
-page, or ``topk_merge``, a block of candidates at once). 16 >= 15 kept history slots, so the 15 best pages of a row are always among the union
-of the per-split top-16 lists, and ``write_selection`` (used by the merge kernels and by
-single-split scorers directly) picks the final 15 by 15 rounds of max-and-remove.
+Scorers keep a running top-KEEP list per query row in registers, KEEP = min(16, next power of
+two >= the pages a split can score) (``keep_per_split``): a split with at most KEEP pages keeps
+all of them, and 16 >= 15 history slots otherwise, so the 15 best pages of a row are always
+among the union of the per-split lists. A list is updated per page (``topk_insert``) or, for
+long splits, once per window of buffered page scores (``window_buffer`` / ``merge_window`` /
+``topk_merge``, ``choose_window``). ``write_selection`` (used by the merge kernels and by
+single-split scorers directly) picks the final 15 by 15 rounds of max-and-remove, skipped when
+every row is short.
 
-Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, 16]`` (a row's
+Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, KEEP]`` (a row's
 candidates contiguous), written completely by every split program, so no initialization is
-needed between runs (CUDA-graph replays).
+needed between runs (CUDA-graph replays). Merge kernels take one row per program
+(``merge_config``).
 """
 
 from __future__ import annotations
@@ -183,7 +189,8 @@ def store_candidates(scratch_ptr, rows, top, split, NUM_SPLITS: tl.constexpr):
 
 def merge_config(num_splits: int, keep: int = 16) -> tuple[int, int]:
     """``(rows, num_warps)`` of a merge program: one row per program, its
-    ``keep * next_pow2(num_splits)`` candidates on 1, 2 or 4 warps (at most 16 per thread).
+    ``keep * next_pow2(num_splits)`` candidates on 1 warp (<= 512), 2 (<= 1024) or 4 (more;
+    at most 32 per thread at the largest decode split count).
 
     One row per program keeps each of the 15 selection rounds to in-thread compares and a few
     shuffles. Several rows per program were measured on an H200 to cost 40 us for a 32 x 32
