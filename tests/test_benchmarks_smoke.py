@@ -284,3 +284,11 @@ def test_git_metadata_only_from_a_checkout_of_its_own(tmp_path, monkeypatch):
     assert timing._git(["rev-parse", "HEAD"]) is None
     monkeypatch.setattr(timing, "REPO_ROOT", outer)
     assert timing._git(["rev-parse", "HEAD"]) is not None
+
+
+def test_profile_decode_needs_a_gpu():
+    """The ncu driver script exits 2 with a message when there is no CUDA GPU."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    from benchmarks import profile_decode
+    assert profile_decode.main(["1", "4000", "window=1"]) == 2
