@@ -238,8 +238,8 @@ def copy_ceiling(device: torch.device, nbytes: int | None = None) -> dict:
 
     CUDA: timed twice, captured in a CUDA graph and eagerly with events; the ceiling is the
     faster of the two. On an H200 (2026-11-30) the graph-captured copy becomes a memcpy node
-    that ran at 2.76 TB/s while the same ``copy_`` launched eagerly ran at 4.2-4.3 TB/s, so a
-    graph-only ceiling would flatter every ratio by 1.5x. CPU: perf_counter.
+    that ran at 2.76 TB/s while the same ``copy_`` launched eagerly ran at 4.1-4.3 TB/s (five
+    runs), so a graph-only ceiling would flatter every ratio by 1.5x. CPU: perf_counter.
     """
     cuda = device.type == "cuda"
     nbytes = nbytes or ((2 << 30) if cuda else (8 << 20))
@@ -321,15 +321,6 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
-def _git(args: list[str]) -> str | None:
-    """``git args`` at the project root, only when the root is a checkout of its own (an
-    unpacked archive inside another repository must not record that repository's HEAD)."""
-    top = _run(["git", "rev-parse", "--show-toplevel"])
-    if not top or os.path.realpath(top) != os.path.realpath(REPO_ROOT):
-        return None
-    return _run(["git", *args])
-
-
 def source_digest() -> str:
     """sha256 over the library's and the benchmarks' Python sources (path + bytes), so a run
     without git metadata can still be tied to a source tree."""
@@ -352,6 +343,8 @@ def l2_bytes(device: torch.device) -> int:
 def environment(device: torch.device) -> dict:
     """GPU name, driver, versions, commit, date (WORKLOADS.md: recorded with every table)."""
     import nvfp4_indexer
+    from nvfp4_indexer.provenance import git_state
+    commit, dirty = git_state(REPO_ROOT)
     env = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -362,13 +355,10 @@ def environment(device: torch.device) -> dict:
         "spec_version": nvfp4_indexer.SPEC_VERSION,
         "argv": sys.argv,
         "source_sha256_16": source_digest(),
-        "git_commit": os.environ.get("NVFP4_BENCH_COMMIT") or _git(["rev-parse", "HEAD"]),
-        "git_dirty": None,
+        "git_commit": os.environ.get("NVFP4_BENCH_COMMIT") or commit,
+        "git_dirty": dirty,
         "device_type": device.type,
     }
-    status = _git(["status", "--porcelain", "--untracked-files=no"])
-    if status is not None:
-        env["git_dirty"] = bool(status)
     try:
         import triton
         env["triton"] = triton.__version__

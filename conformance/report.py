@@ -23,11 +23,12 @@ import datetime as _dt
 import importlib.metadata as md
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nvfp4_indexer.provenance import git_state
 
 from .checks import CaseResult, Failure
 
@@ -113,23 +114,9 @@ def environment() -> dict:
             gpu = torch.cuda.get_device_name()
     except Exception:  # pragma: no cover - no torch / driver problems
         pass
-    commit = None
-    try:
-        root = Path(__file__).resolve().parent.parent
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root,
-                             capture_output=True, text=True, timeout=5).stdout.strip()
-        if not top or Path(top).resolve() != root:
-            # not a checkout of its own (e.g. an unpacked archive inside another repository,
-            # whose HEAD would be recorded otherwise)
-            raise LookupError("no git checkout at the project root")
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=5).stdout
-        if commit and dirty.strip():
-            commit += "+dirty"
-    except Exception:
-        pass
+    commit, dirty = git_state()
+    if commit and dirty:
+        commit += "+dirty"
     return {"python": platform.python_version(), "torch": ver("torch"), "triton": ver("triton"),
             "numpy": ver("numpy"), "platform": platform.platform(), "gpu": gpu,
             "commit": commit, "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1"}

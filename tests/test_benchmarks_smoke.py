@@ -268,7 +268,8 @@ def test_cpu_smoke_triton_interpreter(tmp_path):
 
 def test_git_metadata_only_from_a_checkout_of_its_own(tmp_path, monkeypatch):
     """A source tree unpacked inside another repository (e.g. a ``git archive`` snapshot)
-    records no commit rather than the enclosing repository's HEAD."""
+    records no commit rather than the enclosing repository's HEAD (``provenance.git_state``,
+    shared with the conformance recorder)."""
     from benchmarks import timing
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
@@ -281,9 +282,12 @@ def test_git_metadata_only_from_a_checkout_of_its_own(tmp_path, monkeypatch):
     subprocess.run(git + ["-C", str(outer), "add", "f"], check=True)
     subprocess.run(git + ["-C", str(outer), "commit", "-qm", "c"], check=True)
     monkeypatch.setattr(timing, "REPO_ROOT", inner)
-    assert timing._git(["rev-parse", "HEAD"]) is None
+    monkeypatch.delenv("NVFP4_BENCH_COMMIT", raising=False)
+    env = timing.environment(torch.device("cpu"))
+    assert env["git_commit"] is None and env["git_dirty"] is None
     monkeypatch.setattr(timing, "REPO_ROOT", outer)
-    assert timing._git(["rev-parse", "HEAD"]) is not None
+    env = timing.environment(torch.device("cpu"))
+    assert len(env["git_commit"]) == 40 and env["git_dirty"] is False
 
 
 def test_profile_decode_needs_a_gpu():

@@ -85,16 +85,14 @@ from .scoring import (
     resolve_dot,
 )
 from .topk import (
-    EMPTY,
     empty_topk,
     load_candidates,
     keep_per_split,
     choose_window as topk_choose_window,
     merge_config,
     merge_window,
-    pack_candidate,
     store_candidates,
-    topk_insert,
+    insert_page,
     window_buffer,
     write_selection,
 )
@@ -238,8 +236,7 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
             block = tl.load(bt_row + j).to(tl.int64)
             score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
                                  q_odd, DOT, DEQUANT)
-            cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
-            top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+            top = insert_page(top, score, j, local)
     else:
         prog = b * NUM_SPLITS + split
         for w0 in range(start, end, WINDOW):
@@ -372,6 +369,9 @@ class DecodeRunner:
         if maxnreg is not None and (not isinstance(maxnreg, int) or not 24 <= maxnreg <= 255):
             raise ValueError(f"maxnreg: expected None or an int in 24..255, got {maxnreg!r}")
         self.dequant, self.window, self.maxnreg = dequant, window, maxnreg
+        # the register cap is a GPU compile option (the interpreter has none)
+        self._reg_cap = ({} if maxnreg is None or portable_default(self.device)
+                         else {"maxnreg": maxnreg})
         self.num_warps, self.num_stages = num_warps, num_stages
         self.splits_pad = triton.next_power_of_2(self.num_splits)
         self.keep = keep_per_split(self.num_splits, width)
@@ -386,13 +386,6 @@ class DecodeRunner:
             warmup = self.device.type == "cuda"
         if warmup:
             self._warmup()
-
-    @property
-    def _reg_cap(self) -> dict:
-        """Launch option for the register cap (GPU compiles only)."""
-        if self.maxnreg is None or portable_default(self.device):
-            return {}
-        return {"maxnreg": self.maxnreg}
 
     @property
     def error_bits(self) -> int:

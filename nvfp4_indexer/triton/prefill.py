@@ -38,8 +38,8 @@ from .decode import MAX_SPLITS, _num_sms
 from .gather import gather_into
 from .numerics import device_guard, portable_default
 from .scoring import block_rows_info, fp8_page_scores, load_q_t, plan_row_blocks, resolve_dot
-from .topk import (EMPTY, choose_window, empty_topk, load_candidates, merge_config,
-                   merge_window, pack_candidate, store_candidates, topk_insert, window_buffer,
+from .topk import (choose_window, empty_topk, insert_page, load_candidates, merge_config,
+                   merge_window, store_candidates, window_buffer,
                    write_selection)
 
 MAX_BLOCK_M = 64  # (token, head) rows per score program
@@ -74,8 +74,7 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
     if WINDOW == 1:
         for j in range(start, end):
             score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
-            cand = pack_candidate(score, j + tl.zeros([BLOCK_M], tl.int32))
-            top = topk_insert(top, tl.where(j < local, cand, EMPTY))
+            top = insert_page(top, score, j, local)
     else:
         prog = blk * NUM_SPLITS + split
         for w0 in range(start, end, WINDOW):

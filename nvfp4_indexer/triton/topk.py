@@ -85,6 +85,15 @@ def topk_insert(top, cand):
 
 
 @triton.jit
+def insert_page(top, score, page, local_page):
+    """Insert page ``page`` (scalar logical id) with fp32 ``score [R]`` into the running lists
+    ``top [R, K]`` of the rows whose local page ``local_page [R]`` lies past it (SPEC 4: only
+    history pages are candidates)."""
+    cand = pack_candidate(score, page + tl.zeros_like(local_page))
+    return topk_insert(top, tl.where(page < local_page, cand, EMPTY))
+
+
+@triton.jit
 def topk_merge(top, keys):
     """Merge a block of candidates into running top-K lists: ``top`` int64 ``[R, K]``,
     ``keys`` int64 ``[R, C]`` (``EMPTY`` where none). Returns the K largest of each row's union.

@@ -1,0 +1,130 @@
+"""Offline SM90 compile of the Triton decode / prefill score kernels: registers and loop sizes.
+
+No GPU needed: Triton compiles for a named target with its bundled ``ptxas`` and
+``nvdisasm``. Prints, per configuration, the registers per thread, local-memory bytes, the
+SASS instruction count of every loop body (the page loop is the one holding the ``HGMMA``
+instructions) and the ``F2FP`` conversion count::
+
+    python -m benchmarks.sass_stats                       # the decode/prefill defaults
+    python -m benchmarks.sass_stats --window 1 --maxnreg 128
+
+The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
+named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_ptr="*u8",
+                    page_stride="i32", bt_ptr="*i32", bt_stride="i32", seq_lens_ptr="*i32",
+                    cand_ptr="*i64", win_ptr="*fp32", out_ptr="*i32")
+PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
+                     ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
+                     blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64", win_ptr="*fp32",
+                     out_ptr="*i32")
+
+
+def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_stages: int,
+             maxnreg: int | None):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
+    # what the launcher specializes at run time: 16-byte aligned pointers, ints divisible by 16
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    opts = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg is not None:
+        opts["maxnreg"] = maxnreg
+    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", dequant="ptx",
+                   window=64, keep=16, num_warps=4, num_stages=2, maxnreg=None):
+    """The decode score kernel for SM90 (a ``triton.compile`` result)."""
+    from nvfp4_indexer.triton.decode import _decode_score_kernel
+    consts = dict(Q=q_len, H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot,
+                  DEQUANT=dequant, WINDOW=window, KEEP=keep)
+    return _compile(_decode_score_kernel, DECODE_TYPES, consts,
+                    ("q_ptr", "cache_ptr", "page_stride"), num_warps, num_stages, maxnreg)
+
+
+def compile_prefill(*, heads=4, block_m=64, num_splits=2, dot="fp16", window=64, keep=16,
+                    num_warps=4, num_stages=2, maxnreg=None):
+    """The prefill score kernel for SM90 (a ``triton.compile`` result)."""
+    from nvfp4_indexer.triton.prefill import _prefill_score_kernel
+    consts = dict(H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot, WINDOW=window,
+                  KEEP=keep)
+    return _compile(_prefill_score_kernel, PREFILL_TYPES, consts, ("q_ptr", "ws_ptr"),
+                    num_warps, num_stages, maxnreg)
+
+
+def _tool(name: str) -> str:
+    import triton
+    hits = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                  "bin", name))
+    if not hits:
+        raise FileNotFoundError(f"Triton's bundled {name} was not found")
+    return hits[0]
+
+
+def sass_stats(kernel) -> dict:
+    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]`` and F2FP count
+    of a compiled kernel's SASS."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=True).stdout
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines)
+              if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    is_ins = [bool(re.search(r"/\*[0-9a-f]{4}\*/", ln)) for ln in lines]
+    loops = []
+    for i, ln in enumerate(lines):  # a backward branch closes a loop body
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and labels.get(m.group(1), i) < i:
+            body = range(labels[m.group(1)], i + 1)
+            loops.append((sum(is_ins[k] for k in body),
+                          sum("HGMMA" in lines[k] for k in body)))
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
+            "instructions": sum(is_ins), "loops": loops, "f2fp": sass.count("F2FP")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=int, default=None, help="WINDOW (default: 64 and 1)")
+    ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--dequant", default="ptx", help="decode DEQUANT constexpr")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
+        return 2
+    windows = (args.window,) if args.window else (64, 1)
+    for w in windows:
+        for name, k in (
+                (f"decode  Q8 H4 BLOCK_M 32 dequant {args.dequant} window {w}",
+                 compile_decode(window=w, dequant=args.dequant, maxnreg=args.maxnreg)),
+                (f"prefill H4 BLOCK_M 64 window {w}",
+                 compile_prefill(window=w, maxnreg=args.maxnreg))):
+            st = sass_stats(k)
+            page = [n for n, hg in st["loops"] if hg]
+            print(f"{name}: {st['registers']} registers, {st['local_bytes']} B local, "
+                  f"{st['instructions']} SASS instructions, page loop body {page}, "
+                  f"all loop bodies {[n for n, _ in st['loops']]}, F2FP {st['f2fp']}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
