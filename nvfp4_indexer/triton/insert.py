@@ -70,7 +70,8 @@ def _insert_index_k_kernel(x_ptr, x_row_stride, n_rows, pos_ptr, w_ptr, cs_ptr, 
 def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                    slot_mapping: torch.Tensor, k_norm_weight: torch.Tensor,
                    cos_sin_cache: torch.Tensor, rotary_dim: int = 64, eps: float = 1e-6, *,
-                   portable: bool | None = None) -> None:
+                   portable: bool | None = None, block_t: int | None = None,
+                   num_warps: int = 4) -> None:
     """Fused Gemma RMSNorm + NeoX RoPE + NVFP4 quantize + paged write of index keys (SPEC 3).
 
     Args:
@@ -81,18 +82,25 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
         (cos first half, sin second; any strides). rotary_dim: even, 2..128 (a constexpr:
         one compile per value). eps: norm epsilon.
         portable: force the PORTABLE constexpr (tests).
+        block_t: tokens per program, a power of two in 1..128 (tuning; default
+        ``quantize.rows_per_program``). num_warps: 1, 2, 4 or 8 (tuning).
     Inputs are validated by ``nvfp4_indexer.api.insert_index_k``. Writes exactly 72 bytes per
     written token.
     """
+    if block_t is not None and (not isinstance(block_t, int) or block_t < 1 or block_t > 128
+                                or block_t & (block_t - 1)):
+        raise ValueError(f"block_t: expected None or a power of two in 1..128, got {block_t!r}")
+    if num_warps not in (1, 2, 4, 8):
+        raise ValueError(f"num_warps: expected 1, 2, 4 or 8, got {num_warps!r}")
     t = k.shape[0]
     if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
         return
     k2 = _rows_view(k)
     portable = portable_default(k.device) if portable is None else portable
-    bt = rows_per_program(t)
+    bt = block_t or rows_per_program(t)
     with device_guard(k.device):
         _insert_index_k_kernel[(triton.cdiv(t, bt),)](
             k2, k2.stride(0), t, positions.contiguous(), k_norm_weight.contiguous(),
             cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.stride(1), float(eps),
             cache, slot_mapping.contiguous(), cache.stride(0),
-            ROT=rotary_dim, PORTABLE=portable, BLOCK_T=bt)
+            ROT=rotary_dim, PORTABLE=portable, BLOCK_T=bt, num_warps=num_warps)

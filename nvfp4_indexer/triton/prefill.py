@@ -115,7 +115,9 @@ def _num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_gather_pages: int,
                     out: torch.Tensor, *, dot: str | None = None,
-                    num_splits: int | None = None, window: int | None = None) -> torch.Tensor:
+                    num_splits: int | None = None, window: int | None = None,
+                    block_m: int | None = None, num_warps: int = 4,
+                    num_stages: int = 2) -> torch.Tensor:
     """Selected pages of prefill requests into ``out`` (SPEC 5, 7).
 
     Args:
@@ -128,11 +130,15 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         interpreter). num_splits: NUM_SPLITS override (tests / tuning). window: top-k
         window override (a power of two, window * BLOCK_M <= 4096; default
         ``topk.choose_window``: 1 below 32 pages per split).
+        block_m: (token, head) rows per score program, a power of two in 16..256 (tuning;
+        default: the request's rows rounded up to a power of two, at most ``MAX_BLOCK_M``).
+        num_warps / num_stages: launch options of the score kernel (tuning).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
         ValueError: ``num_splits`` not None or an int in 1..MAX_SPLITS; ``window`` not None or
-        a power of two in 1..64.
+        a power of two in 1..64; ``block_m`` not None or a power of two in 16..256;
+        ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4.
     """
     if num_splits is not None and (not isinstance(num_splits, int)
                                    or isinstance(num_splits, bool)
@@ -142,6 +148,13 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     if window is not None and (not isinstance(window, int) or window < 1
                                or window & (window - 1) or window > 64):
         raise ValueError(f"window: expected None or a power of two in 1..64, got {window!r}")
+    if block_m is not None and (not isinstance(block_m, int) or block_m not in
+                                (16, 32, 64, 128, 256)):
+        raise ValueError(f"block_m: expected None or a power of two in 16..256, got {block_m!r}")
+    if num_warps not in (1, 2, 4, 8):
+        raise ValueError(f"num_warps: expected 1, 2, 4 or 8, got {num_warps!r}")
+    if not isinstance(num_stages, int) or not 1 <= num_stages <= 4:
+        raise ValueError(f"num_stages: expected an int in 1..4, got {num_stages!r}")
     t, h, _ = index_q.shape
     num_reqs = block_table.shape[0]
     dev = index_q.device
@@ -159,7 +172,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     workspace = torch.empty((max(ws_pages, 1), PAGE_SIZE, HEAD_DIM), dtype=torch.float8_e4m3fn,
                             device=dev)
     longest = max(qsl[i + 1] - qsl[i] for i in range(num_reqs))
-    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
+    if block_m is None:
+        block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
     q8 = index_q.view(torch.uint8)
     ws8 = workspace.view(torch.uint8)
     num_sms = _num_sms(dev)
@@ -189,7 +203,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
             _prefill_score_kernel[(nb, ns)](
                 q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
                 blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
-                DOT=dot, WINDOW=win, KEEP=keep, num_warps=4, num_stages=2)
+                DOT=dot, WINDOW=win, KEEP=keep, num_warps=num_warps, num_stages=num_stages)
             if ns > 1:
                 rows, warps = merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](

@@ -1,0 +1,284 @@
+"""GPU lab for the launch knobs of the prefill, gather and insert kernels.
+
+Run (one H200, a few minutes)::
+
+    python -m benchmarks.knob_lab                   # every part
+    python -m benchmarks.knob_lab --part prefill    # or gather / insert
+
+Each part times variants of one Triton launcher against its current default on WORKLOADS.md
+cases, with the protocol of ``python -m benchmarks`` (``benchmarks.timing``: cold-cache page
+sets from one pool far larger than L2, CUDA-graph replays where the launcher is capturable,
+eager calls after an L2 flush where it syncs the host) and checks every variant's output
+against the default's, byte for byte (prefill: the selected pages, row for row):
+
+- prefill: ``triton.prefill.prefill_indexer`` with ``block_m`` (rows per score program),
+  ``num_warps`` and ``num_stages``; eager (it plans on the host).
+- gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block`` and ``num_warps``;
+  graph replays, every slot with its own workspace.
+- insert: ``triton.insert.insert_index_k`` with ``block_t`` and ``num_warps``; graph replays
+  over rotated key / slot sets.
+
+A variant that fails (compile error, launch error, different output) is reported and the lab
+goes on. Results are printed as they come and as one table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+import traceback
+
+import torch
+
+START = time.monotonic()
+
+PREFILL_VARIANTS = {
+    "base": {},
+    "st3": {"num_stages": 3},
+    "m128 w4": {"block_m": 128},
+    "m128 w8": {"block_m": 128, "num_warps": 8},
+    "m128 w8 st3": {"block_m": 128, "num_warps": 8, "num_stages": 3},
+    "m256 w8": {"block_m": 256, "num_warps": 8},
+    "m256 w8 st3": {"block_m": 256, "num_warps": 8, "num_stages": 3},
+}
+PREFILL_CASES = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1),
+                 (1_024, 131_072, 1), (16_384, 0, 1)]  # (new tokens, context, requests)
+
+GATHER_VARIANTS = {
+    "base": {},
+    "triton": {"dequant": "triton"},
+    "tb64": {"tok_block": 64},
+    "tb128 w8": {"tok_block": 128, "num_warps": 8},
+    "tb16": {"tok_block": 16},
+    "w8": {"num_warps": 8},
+    "w2": {"num_warps": 2},
+}
+GATHER_CASES = [(16_384, 131_072, 4), (1_024, 131_072, 4), (4_096, 131_072, 1),
+                (16_384, 32_768, 4), (1_024, 32_768, 1)]
+
+INSERT_VARIANTS = {
+    "base": {},
+    "bt16": {"block_t": 16},
+    "bt32": {"block_t": 32},
+    "bt64": {"block_t": 64},
+    "bt32 w8": {"block_t": 32, "num_warps": 8},
+    "bt64 w8": {"block_t": 64, "num_warps": 8},
+    "bt8 w2": {"block_t": 8, "num_warps": 2},
+    "bt16 w2": {"block_t": 16, "num_warps": 2},
+    "bt4 w1": {"block_t": 4, "num_warps": 1},
+}
+
+ROWS: list[tuple] = []
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - START:6.1f}s] {msg}", flush=True)
+
+
+def _record(part, case, variant, us, unit_value, unit, same, note=""):
+    ROWS.append((part, case, variant, us, unit_value, unit, same, note))
+    log(f"{part:8s} {case:22s} {variant:14s} {us:10.2f} us  {unit_value:8.1f} {unit}"
+        f"  same={same} {note}")
+
+
+def make_context(budget_s: float = 3600.0):
+    """A ``benchmarks.suites.Context`` on the current GPU with both ceilings measured."""
+    from . import suites
+    from .timing import (
+        GRAPH_CALLS,
+        REPLAYS,
+        WARMUP,
+        L2Flush,
+        copy_ceiling,
+        fp8_matmul_ceiling,
+        l2_bytes,
+    )
+    dev = torch.device("cuda", torch.cuda.current_device())
+    l2 = l2_bytes(dev)
+    ctx = suites.Context(device=dev, smoke=False, fast_backend="triton", l2_bytes=l2,
+                         graph_calls=GRAPH_CALLS, warmup=WARMUP, replays=REPLAYS,
+                         deadline=time.monotonic() + budget_s, reference=False, log=log)
+    ctx.copy_gbps = copy_ceiling(dev)["gbps"]
+    ctx.matmul_tflops = fp8_matmul_ceiling(dev)["tflops"]
+    ctx.flush = L2Flush(dev, max(2 * l2, 256 << 20))
+    log(f"copy {ctx.copy_gbps:.0f} GB/s, fp8 matmul {ctx.matmul_tflops:.0f} TFLOP/s, "
+        f"L2 {l2 / 1e6:.0f} MB")
+    return ctx
+
+
+def ensure_pool(ctx, pages: int) -> None:
+    from .pool import PagePool
+    if ctx.pool is None or ctx.pool.cache.shape[0] < pages:
+        ctx.pool = None
+        torch.cuda.empty_cache()
+        ctx.pool = PagePool(pages, ctx.device, seed=0, log=log)
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------- prefill
+
+def prefill_part(ctx, variants: dict) -> None:
+    import nvfp4_indexer as ni
+    from nvfp4_indexer.constants import TOPK
+    from nvfp4_indexer.triton import prefill as tp
+
+    from . import workloads as wl
+    from .pool import random_index_q
+    from .suites import _prefill_inputs
+    for n, c, r in PREFILL_CASES:
+        case = wl.PrefillCase(n, c, r)
+        tr = wl.prefill_traffic(case)
+        _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
+        q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
+        mgp = ni.max_gather_pages(width * 128, case.new_tokens)
+        base_out = None
+        for name, kw in variants.items():
+            out = torch.full((case.new_tokens, case.num_heads, TOPK), -7, dtype=torch.int32,
+                             device=ctx.device)
+            try:
+                tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out, **kw)
+                torch.cuda.synchronize()
+                if base_out is None:
+                    base_out = out.clone()
+                same = float((out == base_out).all(-1).float().mean())
+                t = ctx.time_uncapturable([functools.partial(
+                    tp.prefill_indexer, q, ctx.pool.cache, bt, cu, seq, mgp, out, **kw)
+                    for bt in tables])
+                tflops = tr.flops / (t.us * 1e-6) / 1e12
+                _record("prefill", case.name, name, t.us, tflops, "TFLOP/s", f"{same:.4f}",
+                        f"{tflops / ctx.matmul_tflops:.1%} of fp8 mm")
+            except Exception as e:  # noqa: BLE001 - report and go on
+                log(f"prefill {case.name} {name}: FAILED {type(e).__name__}: {e}")
+                traceback.print_exc()
+                ctx.check_cuda()
+                if ctx.cuda_broken:
+                    return
+
+
+# -------------------------------------------------------------------------------- gather
+
+def gather_part(ctx, variants: dict) -> None:
+    from nvfp4_indexer.reference.paging import history_pages
+    from nvfp4_indexer.triton import gather as tg
+
+    from . import workloads as wl
+    from .suites import _prefill_inputs
+    from .timing import rotation_slots
+    for n, c, r in GATHER_CASES:
+        case = wl.PrefillCase(n, c, r)
+        tr = wl.gather_traffic(case)
+        slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
+        pages_total = tr.history_pages
+        slots = max(2, min(slots, (8 << 30) // max(1, pages_total * 16384)))
+        sl, _width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
+        counts = history_pages(seq)
+        offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
+        offsets[1:] = torch.cumsum(counts, 0)
+        max_pages = int(counts.max())
+        wss = [torch.full((pages_total, 128, 128), 0x5A, dtype=torch.uint8, device=ctx.device)
+               for _ in range(slots)]
+        base_ws = None
+        for name, kw in variants.items():
+            try:
+                ws0 = wss[0]
+                ws0.fill_(0x5A)
+                tg.gather_into(ctx.pool.cache, tables[0], seq, offsets, ws0, max_pages, **kw)
+                torch.cuda.synchronize()
+                if base_ws is None:
+                    base_ws = ws0.clone()
+                same = bool(torch.equal(ws0, base_ws))
+                t = ctx.time_capturable([functools.partial(
+                    tg.gather_into, ctx.pool.cache, tables[i], seq, offsets, wss[i],
+                    max_pages, **kw) for i in range(slots)])
+                gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
+                _record("gather", case.name, name, t.us, gbps, "GB/s", same,
+                        f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+            except Exception as e:  # noqa: BLE001
+                log(f"gather {case.name} {name}: FAILED {type(e).__name__}: {e}")
+                traceback.print_exc()
+                ctx.check_cuda()
+                if ctx.cuda_broken:
+                    return
+        wss.clear()
+
+
+# -------------------------------------------------------------------------------- insert
+
+def insert_part(ctx, variants: dict) -> None:
+    from nvfp4_indexer.triton import insert as ti
+
+    from . import workloads as wl
+    from .pool import PagePool, random_keys
+    from .suites import rope_cache
+    from .timing import rotation_slots
+    case = wl.InsertCase()
+    tr = wl.insert_traffic(case)
+    dev = ctx.device
+    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
+    pool = PagePool(case.cache_pages, dev, seed=5, log=log)
+    gen = ctx.gen(case.name)
+    cpu_gen = torch.Generator().manual_seed(17)
+    weight = (0.1 * torch.randn(128, device=dev, generator=gen)).float()
+    cos_sin = rope_cache(case.max_position, case.rotary_dim, dev)
+    inputs = []
+    for _ in range(slots):
+        k = random_keys(case.tokens, dev, gen, pool.channel_scale, torch.bfloat16)
+        pos = torch.randint(0, case.max_position, (case.tokens,), device=dev, generator=gen)
+        slot = torch.randperm(case.cache_tokens, generator=cpu_gen)[:case.tokens].to(dev)
+        inputs.append((k, pos, slot))
+    base = None
+    start = pool.cache.clone()
+    for name, kw in variants.items():
+        try:
+            pool.cache.copy_(start)
+            k, pos, slot = inputs[0]
+            ti.insert_index_k(pool.cache, k, pos, slot, weight, cos_sin, case.rotary_dim, 1e-6,
+                              **kw)
+            torch.cuda.synchronize()
+            if base is None:
+                base = pool.cache.clone()
+            same = bool(torch.equal(pool.cache, base))
+            t = ctx.time_capturable([functools.partial(
+                ti.insert_index_k, pool.cache, *x, weight, cos_sin, case.rotary_dim, 1e-6, **kw)
+                for x in inputs])
+            gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
+            _record("insert", case.name, name, t.us, gbps, "GB/s", same,
+                    f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+        except Exception as e:  # noqa: BLE001
+            log(f"insert {name}: FAILED {type(e).__name__}: {e}")
+            traceback.print_exc()
+            ctx.check_cuda()
+            if ctx.cuda_broken:
+                return
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("all", "prefill", "gather", "insert"), default="all")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("knob_lab: needs a CUDA GPU")
+        return 2
+    from .timing import environment
+    env = environment(torch.device("cuda"))
+    log(f"{env.get('gpu')} driver {env.get('driver')} torch {env.get('torch')} "
+        f"triton {env.get('triton')} commit {env.get('commit')}")
+    ctx = make_context()
+    parts = ("insert", "gather", "prefill") if args.part == "all" else (args.part,)
+    if "gather" in parts or "prefill" in parts:
+        ensure_pool(ctx, 40_000)  # 369 MB: >= 6x L2, every case's slots disjoint
+    for part in parts:
+        log(f"part {part}")
+        {"prefill": lambda: prefill_part(ctx, PREFILL_VARIANTS),
+         "gather": lambda: gather_part(ctx, GATHER_VARIANTS),
+         "insert": lambda: insert_part(ctx, INSERT_VARIANTS)}[part]()
+    print("\n| part | case | variant | us | rate | same as base | note |")
+    print("|---|---|---|---|---|---|---|")
+    for part, case, variant, us, val, unit, same, note in ROWS:
+        print(f"| {part} | {case} | {variant} | {us:.2f} | {val:.1f} {unit} | {same} | {note} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
