@@ -54,6 +54,7 @@ VARIANTS = {
     "pps16": {"programs_per_sm": 16},
     "reg128 pps16": {"maxnreg": 128, "programs_per_sm": 16},
     "w8": {"num_warps": 8},
+    "pdl": {"pdl": True},
 }
 QUICK_VARIANTS = ("base", "reg128", "pps16", "win1")
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),

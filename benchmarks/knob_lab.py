@@ -48,24 +48,21 @@ PREFILL_CASES = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1),
 GATHER_VARIANTS = {
     "base": {},
     "triton": {"dequant": "triton"},
-    "tb64": {"tok_block": 64},
-    "tb128 w8": {"tok_block": 128, "num_warps": 8},
-    "tb16": {"tok_block": 16},
-    "w8": {"num_warps": 8},
-    "w2": {"num_warps": 2},
+    "tb32": {"tok_block": 32},
+    "tb8": {"tok_block": 8},
+    "tb16 w2": {"tok_block": 16, "num_warps": 2},
+    "tb16 w8": {"tok_block": 16, "num_warps": 8},
+    "tb8 w2": {"tok_block": 8, "num_warps": 2},
 }
 GATHER_CASES = [(16_384, 131_072, 4), (1_024, 131_072, 4), (4_096, 131_072, 1),
                 (16_384, 32_768, 4), (1_024, 32_768, 1)]
 
 INSERT_VARIANTS = {
     "base": {},
-    "bt16": {"block_t": 16},
+    "bt8 w1": {"block_t": 8, "num_warps": 1},
     "bt32": {"block_t": 32},
-    "bt64": {"block_t": 64},
-    "bt32 w8": {"block_t": 32, "num_warps": 8},
-    "bt64 w8": {"block_t": 64, "num_warps": 8},
-    "bt8 w2": {"block_t": 8, "num_warps": 2},
     "bt16 w2": {"block_t": 16, "num_warps": 2},
+    "bt64": {"block_t": 64},
     "bt4 w1": {"block_t": 4, "num_warps": 1},
 }
 

@@ -47,16 +47,16 @@ def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_
 
 
 def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", dequant="ptx",
-                   window=64, keep=16, num_warps=4, num_stages=2, maxnreg=None):
+                   window=64, keep=16, num_warps=4, num_stages=2, maxnreg=None, pdl=False):
     """The decode score kernel for SM90 (a ``triton.compile`` result)."""
     from nvfp4_indexer.triton.decode import _decode_score_kernel
     consts = dict(Q=q_len, H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot,
-                  DEQUANT=dequant, WINDOW=window, KEEP=keep)
+                  DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl)
     return _compile(_decode_score_kernel, DECODE_TYPES, consts,
                     ("q_ptr", "cache_ptr", "page_stride"), num_warps, num_stages, maxnreg)
 
 
-def compile_prefill(*, heads=4, block_m=64, num_splits=2, dot="fp16", window=64, keep=16,
+def compile_prefill(*, heads=4, block_m=128, num_splits=2, dot="fp16", window=32, keep=16,
                     num_warps=4, num_stages=2, maxnreg=None):
     """The prefill score kernel for SM90 (a ``triton.compile`` result)."""
     from nvfp4_indexer.triton.prefill import _prefill_score_kernel
@@ -88,7 +88,7 @@ def sass_stats(kernel) -> dict:
     lines = sass.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines)
               if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    is_ins = [bool(re.search(r"/\*[0-9a-f]{4}\*/", ln)) for ln in lines]
+    is_ins = [bool(re.search(r"/\*[0-9a-f]{4,}\*/", ln)) for ln in lines]
     loops = []
     for i, ln in enumerate(lines):  # a backward branch closes a loop body
         m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
@@ -115,8 +115,8 @@ def main(argv=None) -> int:
         for name, k in (
                 (f"decode  Q8 H4 BLOCK_M 32 dequant {args.dequant} window {w}",
                  compile_decode(window=w, dequant=args.dequant, maxnreg=args.maxnreg)),
-                (f"prefill H4 BLOCK_M 64 window {w}",
-                 compile_prefill(window=w, maxnreg=args.maxnreg))):
+                (f"prefill H4 BLOCK_M 128 window {min(w, 32)}",
+                 compile_prefill(window=min(w, 32), maxnreg=args.maxnreg))):
             st = sass_stats(k)
             page = [n for n, hg in st["loops"] if hg]
             print(f"{name}: {st['registers']} registers, {st['local_bytes']} B local, "

@@ -4,10 +4,13 @@ case (the JSON schema is documented in docs/benchmarks.md).
 Paths timed (GPU):
 - decode-full / decode-lowlat / decode-variants: the public ``DecodeIndexerWrapper``
   (``plan()`` outside, ``run()`` captured in CUDA graphs), one wrapper per rotation slot.
-- prefill / gather: the Triton entry points the public API dispatches to
-  (``nvfp4_indexer.triton.prefill.prefill_indexer``, ``...gather.gather_index_k_fp8``), timed
-  eagerly with an L2 flush before each call (they read device values on the host, so they
-  cannot be captured); the public API call (validation included) is timed too (``api_us``).
+- prefill: the Triton entry point the public API dispatches to
+  (``nvfp4_indexer.triton.prefill.prefill_indexer``), timed eagerly with an L2 flush before
+  each call (it plans on the host from device values, so it cannot be captured); the public
+  API call (validation included) is timed too (``api_us``).
+- gather: the kernel launcher ``nvfp4_indexer.triton.gather.gather_into`` captured in CUDA
+  graphs over rotated block tables, each slot with its own workspace; the public
+  ``gather_index_k_fp8`` (which sizes the workspace with a host sync) eagerly (``api_us``).
 - insert: ``nvfp4_indexer.triton.insert.insert_index_k`` captured in CUDA graphs over rotated
   inputs (eager + flush if capture fails), plus the public API call (``api_us``).
 - the PyTorch reference (``backend="reference"``) on the same GPU and inputs, for cases under
@@ -298,40 +301,94 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
     return _finish(ctx, rec, t, tr.bytes_moved, tr.flops)
 
 
+GATHER_WORKSPACE_CAP_BYTES = 8 << 30  # all rotation slots' FP8 workspaces together
+
+
+def gather_slots(case: wl.PrefillCase, l2: int, graph_calls: int,
+                 max_slots: int | None = None) -> int:
+    """Rotation slots of a gather case: ``rotation_slots`` of its traffic, capped by the
+    workspace memory cap and ``max_slots`` (the pool)."""
+    ws_bytes = wl.gather_traffic(case).parts["workspace"]
+    cap = max(1, GATHER_WORKSPACE_CAP_BYTES // max(1, ws_bytes))
+    if max_slots is not None:
+        cap = min(cap, max_slots)
+    return rotation_slots(wl.gather_traffic(case).bytes_moved, l2, graph_calls, max_slots=cap)
+
+
 def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
+    """The gather of a prefill case's history pages into the FP8 workspace (SPEC 7): the
+    kernel launcher ``gather_into`` in CUDA graphs over cold-cache rotation slots, each slot
+    with its own block table, page counts, page offsets and preallocated workspace (no host
+    sync, no allocation in the timed call); plus the public API's eager call (``api_us``,
+    host sizing sync and allocation included)."""
+    ws_cap_bytes = GATHER_WORKSPACE_CAP_BYTES
     dev, cache = ctx.device, ctx.pool.cache
     tr = wl.gather_traffic(case)
-    slots = 2
+    pages = [wl.history_pages(s) for s in case.seq_lens()]
+    total, max_pages = sum(pages), max(pages)
+    ws_bytes = total * wl.WORKSPACE_PAGE_BYTES
+    need = sum(wl.pages_needed(s) for s in case.seq_lens())
+    caps = {"pool": ctx.pool.num_pages // need,
+            "workspace_memory": max(1, ws_cap_bytes // max(1, ws_bytes))}
+    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls,
+                           max_slots=min(caps.values()))
     sl, width, tables, seq, _ = _prefill_inputs(ctx, case, slots)
+    reuse = (slots - 1) * tr.bytes_moved
     rec = {"new_tokens": case.new_tokens, "context": case.context, "num_reqs": case.num_reqs,
-           "seq_len": sl[0], "width": width, **_traffic_fields(tr), "slots": slots}
+           "seq_len": sl[0], "width": width, **_traffic_fields(tr), "slots": slots,
+           "slot_caps": caps, "reuse_bytes": reuse,
+           "reuse_over_l2": reuse / ctx.l2_bytes if ctx.l2_bytes else None,
+           "workspace_pages": total, "workspace_bytes_all_slots": slots * ws_bytes}
+    offsets_host = [0]
+    for n in pages:
+        offsets_host.append(offsets_host[-1] + n)
+    # per slot: block table, page counts, page offsets (int32) and a workspace of its own
+    counts = [torch.tensor(pages, dtype=torch.int32, device=dev) for _ in range(slots)]
+    offsets = [torch.tensor(offsets_host, dtype=torch.int32, device=dev) for _ in range(slots)]
+    wss = [torch.empty((total, PAGE_SIZE, wl.HEAD_DIM), dtype=torch.float8_e4m3fn,
+                       device=dev) for _ in range(slots)]
+    wss[0].view(torch.uint8).fill_(0x5A)  # poison: every byte must be written
     if ctx.fast_backend == "triton":
         from nvfp4_indexer.triton import gather as tg
-        rec["path"] = "nvfp4_indexer.triton.gather.gather_index_k_fp8"
+        _, dequant, tok_block, num_warps = tg.resolve_tuning(dev)
+        rec["path"] = "nvfp4_indexer.triton.gather.gather_into"
+        rec["tuning"] = {"dequant": dequant, "tok_block": tok_block, "num_warps": num_warps}
 
-        def fast(bt):
-            return tg.gather_index_k_fp8(cache, bt, seq)
+        def fast(i, out=None):
+            tg.gather_into(cache, tables[i], counts[i], offsets[i],
+                           wss[i] if out is None else out, max_pages, lengths_are_seq_lens=False)
     else:
         rec["path"] = "gather_index_k_fp8(backend='reference')"
 
-        def fast(bt):
-            return ni.gather_index_k_fp8(cache, bt, seq, backend="reference")
-    ws, offsets = fast(tables[0])
+        def fast(i, out=None):
+            ws, _ = ni.gather_index_k_fp8(cache, tables[i], seq, backend="reference")
+            (wss[i] if out is None else out).copy_(ws)
+    fast(0)
     sync(dev)
-    rec["workspace_pages"] = int(ws.shape[0])
     why = ctx.ref_allowed(tr.pages_bytes)
     if why is None:
         ref_ws, ref_off = _ref_time(ctx, rec, lambda: ni.gather_index_k_fp8(
             cache, tables[0], seq, backend="reference"))
-        rec["equal_reference"] = bool(torch.equal(ws.view(torch.uint8), ref_ws.view(torch.uint8))
-                                      and torch.equal(offsets.cpu(), ref_off.cpu()))
+        rec["equal_reference"] = bool(
+            torch.equal(wss[0].view(torch.uint8), ref_ws.view(torch.uint8))
+            and ref_off.cpu().tolist() == offsets_host)
+        del ref_ws, ref_off
     else:
         rec["ref_skipped"] = why
-    del ws, offsets
-    t = ctx.time_uncapturable([lambda bt=bt: fast(bt) for bt in tables])
+    t = ctx.time_capturable([lambda i=i: fast(i) for i in range(slots)])
+    if t.method == "cuda-graph":
+        # the last slot's workspace holds the graphs' output; an eager run must agree
+        check = torch.full_like(wss[-1].view(torch.uint8), 0x5A).view(torch.float8_e4m3fn)
+        fast(slots - 1, check)
+        sync(dev)
+        rec["graph_replay_equals_eager"] = bool(torch.equal(check.view(torch.uint8),
+                                                            wss[-1].view(torch.uint8)))
+        del check
+    wss.clear()  # free the workspaces before the API timing
     api = ctx.time_uncapturable([lambda bt=bt: ni.gather_index_k_fp8(
         cache, bt, seq, backend=ctx.fast_backend) for bt in tables], max_samples=5)
     rec["api_us"] = api.us
+    rec["api_timing"] = api.as_dict()
     return _finish(ctx, rec, t, tr.bytes_moved, 0)
 
 
@@ -546,6 +603,8 @@ def pool_pages_for(cases_by_suite: dict[str, list], l2: int, graph_calls: int) -
                 slots = rotation_slots(tr.pages_bytes, l2, graph_calls)
             elif isinstance(c, wl.PrefillCase):
                 sl, slots = c.seq_lens(), 2
+                if suite == "gather":
+                    slots = gather_slots(c, l2, graph_calls)
             else:
                 continue
             need = max(need, slots * sum(wl.pages_needed(s) for s in sl))

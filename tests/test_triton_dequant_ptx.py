@@ -7,6 +7,10 @@
   equal dequant_e4m3 (``reference.dequant_table``) widened to fp16, bit for bit (NaN where
   the reference byte is NaN). This checks the bit tricks, permute selectors, LOP3 tables and
   the rounding arithmetic; it cannot check Triton's packing order or the hardware itself.
+- CPU: the same for the gather's asm (``scoring._DEQUANT_E4M3_BYTES_PTX``, E4M3 bytes packed
+  in uint32 words), byte for byte against the table, under every model of the hardware's NaN
+  results (sign and payload of NaN products, sign kept or dropped by the E4M3 cvt), so a NaN
+  scale gives 0x7F whatever the GPU does; wrong variants of the asm must fail.
 - CPU: the decode kernel compiles offline for SM90 with each dequant mode (Triton's bundled
   ptxas; no GPU) with wgmma MMAs, no conversion instructions in "ptx_arith", and the
   interpreter path ("fp32", DEQUANT "triton") still matches the reference.
@@ -50,13 +54,35 @@ def _join(lo, hi):
     return (lo.astype(np.uint32) & 0xFFFF) | ((hi.astype(np.uint32) & 0xFFFF) << 16)
 
 
-def _f16x2(op, a, b):
+# NaN results of f16x2 arithmetic: IEEE 754 leaves their sign and payload open, so the
+# interpreter can model three behaviours (``run_ptx(nan_f16=...)``): "propagate" (the first
+# NaN operand, quieted: x86's rule), "canonical" (0x7FFF, positive) and "xor" (the sign of
+# the operands' signs XORed, payload 0x7E00). Code that must be exact on NaN inputs is
+# run under every model.
+NAN_F16_MODELS = ("propagate", "canonical", "xor")
+# NaN into cvt.rn.satfinite.e4m3x2: "drop" gives 0x7F, "keep" gives 0x7F | sign << 7 (the
+# rule of cuda_fp8.hpp's host emulation).
+CVT_NAN_MODELS = ("drop", "keep")
+
+
+def _f16x2(op, a, b, nan_f16="propagate"):
     out = []
     for ha, hb in zip(_halves(a), _halves(b)):
         fa, fb = _f16(ha), _f16(hb)
         with np.errstate(all="ignore"):  # fp16 ops are correctly rounded via exact fp32
             r = op(fa.astype(np.float32), fb.astype(np.float32)).astype(np.float16)
-        out.append(_bits16(r))
+        bits = _bits16(r)
+        nan_a, nan_b = np.isnan(fa), np.isnan(fb)
+        if nan_f16 == "propagate":
+            # invalid operations (0 * inf) give x86's default NaN 0xFE00
+            nan_bits = np.where(nan_a, ha | 0x0200, np.where(nan_b, hb | 0x0200, 0xFE00))
+        elif nan_f16 == "canonical":
+            nan_bits = np.full_like(bits, 0x7FFF)
+        elif nan_f16 == "xor":
+            nan_bits = 0x7E00 | ((ha ^ hb) & 0x8000)
+        else:
+            raise ValueError(nan_f16)
+        out.append(np.where(np.isnan(r), nan_bits, bits))
     return _join(*out)
 
 
@@ -86,14 +112,15 @@ def _lop3(a, b, c, lut):
     return d
 
 
-def _cvt_e4m3x2(a):
+def _cvt_e4m3x2(a, cvt_nan="drop"):
     out = []
     for h in _halves(a):
         v = _f16(h).astype(np.float32)
         nan = np.isnan(v)
         v = np.clip(np.where(nan, 0, v), -448, 448)  # satfinite
         byte = v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(np.uint32)
-        out.append(np.where(nan, 0x7F, byte))
+        nan_byte = 0x7F | ((h >> 8) & 0x80) if cvt_nan == "keep" else 0x7F
+        out.append(np.where(nan, nan_byte, byte))
     return out[0] | (out[1] << 8)
 
 
@@ -105,9 +132,12 @@ def _cvt_f16x2_from_e4m3x2(a):
     return _join(*halves)
 
 
-def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_ptx(asm: str, operands: dict[str, np.ndarray], *, nan_f16: str = "propagate",
+            cvt_nan: str = "drop") -> dict[str, np.ndarray]:
     """Interpret the straight-line PTX ``asm`` on uint32 numpy arrays (``$n`` operands in
-    ``operands``); returns every register. Raises on an instruction it does not know."""
+    ``operands``); returns every register (16-bit registers hold their value in the low
+    bits). ``nan_f16`` / ``cvt_nan``: the NaN models (``NAN_F16_MODELS``,
+    ``CVT_NAN_MODELS``). Raises on an instruction it does not know."""
     regs = {k: np.asarray(v, dtype=np.uint32) for k, v in operands.items()}
 
     def val(tok):
@@ -121,6 +151,11 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, rest = line.split(None, 1)
+        pack = re.fullmatch(r"([$\w]+),\s*\{\s*([$\w]+),\s*([$\w]+)\s*\}", rest.strip())
+        if op == "mov.b32" and pack:  # mov.b32 d, {lo16, hi16}: pack two 16-bit registers
+            d, lo, hi = pack.groups()
+            regs[d] = np.asarray(_join(val(lo), val(hi)), dtype=np.uint32)
+            continue
         args = [t.strip() for t in rest.split(",")]
         dst, src = args[0], [val(t) for t in args[1:]]
         if op == "mov.b32":
@@ -136,13 +171,13 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         elif op == "lop3.b32":
             r = _lop3(src[0], src[1], src[2], int(src[3]))
         elif op == "mul.rn.f16x2":
-            r = _f16x2(np.multiply, src[0], src[1])
+            r = _f16x2(np.multiply, src[0], src[1], nan_f16)
         elif op == "add.rn.f16x2":
-            r = _f16x2(np.add, src[0], src[1])
+            r = _f16x2(np.add, src[0], src[1], nan_f16)
         elif op == "sub.rn.f16x2":
-            r = _f16x2(np.subtract, src[0], src[1])
+            r = _f16x2(np.subtract, src[0], src[1], nan_f16)
         elif op == "min.NaN.f16x2":
-            r = _f16x2(_min_nan, src[0], src[1])
+            r = _f16x2(_min_nan, src[0], src[1], nan_f16)
         elif op == "abs.f16x2":
             r = src[0] & 0x7FFF7FFF
         elif op == "max.u16x2":
@@ -150,7 +185,7 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             hi = np.maximum(src[0] >> 16, src[1] >> 16)
             r = _join(lo, hi)
         elif op == "cvt.rn.satfinite.e4m3x2.f16x2":
-            r = _cvt_e4m3x2(src[0])
+            r = _cvt_e4m3x2(src[0], cvt_nan)
         elif op == "cvt.rn.f16x2.e4m3x2":
             r = _cvt_f16x2_from_e4m3x2(src[0])
         else:
@@ -204,6 +239,83 @@ def test_ptx_dequant_strings_bit_exact_all_pairs(mode):
                     f"{s[bad[0]]:#04x}: got {got[bad[0]]:#06x}, want {want[bad[0]]:#06x}")
                 checked += got.size
     assert checked == 4 * 8 * 4096
+
+
+def _bytes_asm_case(rot: int):
+    """Inputs of the E4M3-bytes asm for rotation ``rot``: the 8 nibbles of each word (every
+    code visits every nibble position over rot = 0..3), the scale bytes of elements 0 / 1,
+    the packed operands $2 / $3 and the expected outputs $0 / $1 from the reference table."""
+    from nvfp4_indexer import reference as ref
+    table = ref.dequant_table().numpy().astype(np.uint32)  # [16 codes, 256 scale bytes]
+    code = np.arange(16, dtype=np.uint32)[:, None].repeat(256, 1).ravel()  # 4096 pairs
+    s_a = np.arange(256, dtype=np.uint32)[None, :].repeat(16, 0).ravel()
+    s_b = (s_a * 37 + 11) % 256  # element 1 gets a different scale byte
+    nib = [(code + k + rot * 5) % 16 for k in range(8)]  # nibble k of the word
+    word = sum(nib[k] << (4 * k) for k in range(8)).astype(np.uint32)
+    s16 = [_bits16(np.asarray(s, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16))
+           for s in (s_a, s_b)]
+    want = [sum(table[nib[4 * el + j], s] << (8 * j) for j in range(4)).astype(np.uint32)
+            for el, s in ((0, s_a), (1, s_b))]
+    return nib, (s_a, s_b), word, _join(s16[0], s16[1]), want
+
+
+def _check_bytes_asm(asm: str, rot: int, nan_f16: str, cvt_nan: str, scales16=None) -> None:
+    nib, scales, word, s16, want = _bytes_asm_case(rot)
+    regs = run_ptx(asm, {"$2": word, "$3": s16 if scales16 is None else scales16},
+                   nan_f16=nan_f16, cvt_nan=cvt_nan)
+    for el in (0, 1):
+        got = regs[f"${el}"]
+        bad = np.flatnonzero(got != want[el])
+        if bad.size:
+            i = bad[0]
+            j = next(j for j in range(4)
+                     if ((got[i] >> 8 * j) & 0xFF) != ((want[el][i] >> 8 * j) & 0xFF))
+            pytest.fail(f"nan_f16={nan_f16} cvt_nan={cvt_nan} rot {rot}: output ${el} byte "
+                        f"{j} (code {nib[4 * el + j][i]}, scale byte {scales[el][i]:#04x}): "
+                        f"got word {got[i]:#010x}, want {want[el][i]:#010x} ({bad.size} bad)")
+
+
+@pytest.mark.parametrize("nan_f16", NAN_F16_MODELS)
+@pytest.mark.parametrize("cvt_nan", CVT_NAN_MODELS)
+def test_ptx_dequant_bytes_string_bit_exact_all_pairs(nan_f16, cvt_nan):
+    """``_DEQUANT_E4M3_BYTES_PTX`` (the gather's asm, run as the kernel embeds it): byte j of
+    output $e is dequant_e4m3 (``reference.dequant_table``) of nibble 4e + j of the packed code
+    word with element e's scale, for all 16 x 256 (code, scale byte) pairs in every nibble
+    position, different scales in the two elements. NaN scales (0x7F, 0xFF) must give 0x7F
+    and code 8 / negative scales follow IEEE signs, under every NaN model of the hardware."""
+    asm = str(_scoring_module()._DEQUANT_E4M3_BYTES_PTX.value)
+    for rot in range(4):
+        _check_bytes_asm(asm, rot, nan_f16, cvt_nan)
+
+
+def test_ptx_dequant_bytes_any_nan_scale_encoding():
+    """The GPU's E4M3 -> fp16 widening may produce other NaN patterns than ml_dtypes: every
+    NaN scale half (0x7FFF, 0xFFFF, 0xFE00 or the signalling 0x7C01) still gives 0x7F."""
+    asm = str(_scoring_module()._DEQUANT_E4M3_BYTES_PTX.value)
+    _, _, _, s16, _ = _bytes_asm_case(0)
+    for pattern in (0x7FFF, 0xFFFF, 0x7C01, 0xFE00):
+        halves = []
+        for h in _halves(s16):
+            nan = np.isnan(_f16(h))
+            assert nan.any()
+            halves.append(np.where(nan, pattern, h))
+        for cvt_nan in CVT_NAN_MODELS:
+            _check_bytes_asm(asm, 1, "propagate", cvt_nan, _join(*halves))
+
+
+@pytest.mark.parametrize("wrong", ["nibble order", "element scale", "no NaN fix", "pack order"])
+def test_ptx_bytes_interpreter_catches_wrong_asm(wrong):
+    """The byte-exact check is not vacuous: swapped nibbles, a swapped element scale, a
+    missing NaN sign fix (under a sign-keeping cvt) and a swapped 16-bit pack all fail."""
+    asm = str(_scoring_module()._DEQUANT_E4M3_BYTES_PTX.value)
+    bad = {"nibble order": asm.replace("0xC480", "0x84C0"),
+           "element scale": asm.replace("0x1010", "0x3232"),
+           "no NaN fix": asm.replace("lop3.b32 $0, r0, n0, 0x80808080, 0x70",
+                                     "mov.b32 $0, r0"),
+           "pack order": asm.replace("{e0, e1}", "{e1, e0}")}[wrong]
+    assert bad != asm
+    with pytest.raises(pytest.fail.Exception):
+        _check_bytes_asm(bad, 0, "propagate", "keep")
 
 
 def test_ptx_interpreter_catches_wrong_asm():
@@ -307,6 +419,9 @@ def test_runner_rejects_bad_knobs():
     for bad in (-1, 0, 2.5, "3", True, decode.MAX_SPLITS + 1):  # never silently unwritten
         with pytest.raises(ValueError, match="num_splits"):
             decode.DecodeRunner(4, 2, 8, 2, "cpu", num_splits=bad, warmup=False)
+    for bad in (True, 1, "yes"):  # programmatic dependent launch: a bool, SM90+ CUDA only
+        with pytest.raises(ValueError, match="pdl"):
+            decode.DecodeRunner(4, 2, 8, 2, "cpu", pdl=bad, warmup=False)
     r = decode.DecodeRunner(4, 2, 8, 2, "cpu", programs_per_sm=1, warmup=False)
     assert r.dequant == "triton" and r.num_splits >= 1
 

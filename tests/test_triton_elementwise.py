@@ -383,8 +383,9 @@ def test_gather_index_k_fp8_bit_exact():
     assert ws0.shape == (0, 128, 128) and off0.tolist() == [0, 0, 0]
 
 
-@pytest.mark.parametrize("from_seq_lens", [True, False])
-def test_gather_into_offsets_and_untouched_pages(from_seq_lens):
+@pytest.mark.parametrize("from_seq_lens,tuning", [(True, {}),
+                                                  (False, dict(tok_block=64, num_warps=2))])
+def test_gather_into_offsets_and_untouched_pages(from_seq_lens, tuning):
     cache, block_table, seq_lens = _gather_case(_gen(10))
     rws, roffsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
     total = rws.shape[0]
@@ -392,9 +393,26 @@ def test_gather_into_offsets_and_untouched_pages(from_seq_lens):
     offsets = (roffsets + 2).to(DEV)  # pages land at [2, 2 + total)
     lengths = seq_lens if from_seq_lens else P.history_pages(seq_lens).to(torch.int32)
     K["gather"].gather_into(cache, block_table, lengths, offsets, ws.view(torch.float8_e4m3fn),
-                            max_pages=6, lengths_are_seq_lens=from_seq_lens)
+                            max_pages=6, lengths_are_seq_lens=from_seq_lens, **tuning)
     _assert_bytes_equal(ws[2:2 + total], rws)
     assert bool((ws[:2] == POISON).all()) and bool((ws[2 + total:] == POISON).all())
+
+
+def test_gather_into_rejects_bad_tuning():
+    """The tuning overrides are validated before any launch (even for an empty batch), and
+    dequant "ptx" is refused where it cannot run (interpreter / CPU / portable)."""
+    g = K["gather"]
+    cache, block_table, seq_lens = _gather_case(_gen(12))
+    ws = torch.empty((0, 128, 128), dtype=torch.float8_e4m3fn, device=DEV)
+    off = torch.zeros(7, dtype=torch.int32, device=DEV)
+    bad = [dict(dequant="bogus"), dict(tok_block=48), dict(tok_block=256), dict(tok_block=32.0),
+           dict(tok_block=True), dict(num_warps=3), dict(num_warps=32), dict(num_warps="4"),
+           dict(dequant="ptx", portable=True)]
+    if not HAS_CUDA:
+        bad.append(dict(dequant="ptx"))
+    for kw in bad:
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            g.gather_into(cache, block_table, seq_lens, off, ws, 6, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,6 +461,53 @@ def test_insert_index_k_band_exact(dtype, rot, cs_dtype):
     assert not bool((unexplained & differs).any()), differs.nonzero().flatten().tolist()
     assert int(differs.sum()) <= 2
     assert not bool(key_unexplained(wc, ws, value, mag).any())  # the checker accepts the ref
+
+
+@pytest.mark.parametrize("rot,layout,tile", [(64, "slice", None), (128, "slice", (16, 1)),
+                                             (64, "unaligned", (2, 1)), (96, "contiguous", None),
+                                             (10, "unaligned", (2, 1)), (32, "slice", (4, 1))])
+def test_insert_index_k_layouts_tiles_and_edges(rot, layout, tile):
+    """Strided (16-byte aligned) and unaligned k rows, contiguous cos|sin (the GPU's vector
+    loads), rotary_dim on (64, 128) and off the vectorized path, explicit tiles that split
+    the tokens unevenly, NaN / inf / huge / tiny / zero rows and skipped slots."""
+    g = _gen(51 + rot)
+    t, num_blocks, max_pos = 37, 2, 70
+    x = _norm_inputs(t, g)
+    x[7] = NAN
+    x[8, 100], x[8, 3] = -INF, INF
+    x[9] = torch.randn(128, generator=g) * 1e-37
+    x[10, 64:] = 0.0
+    x = x.to(torch.bfloat16)
+    if layout == "slice":  # row stride 192, rows 16-byte aligned
+        big = torch.zeros(t, 192, dtype=x.dtype)
+        big[:, 32:160] = x
+        k = big.to(DEV)[:, 32:160]
+    elif layout == "unaligned":  # row stride 131, odd element offset
+        big = torch.zeros(t, 131, dtype=x.dtype)
+        big[:, 3:] = x
+        k = big.to(DEV)[:, 3:]
+    else:
+        k = x.to(DEV)
+    positions = torch.randint(0, max_pos, (t,), generator=g).to(DEV)
+    weight = (torch.randn(128, generator=g) * 0.3).to(DEV)
+    cs = _rope_cache(max_pos, rot, torch.bfloat16)
+    slots = torch.randperm(num_blocks * 128, generator=g)[:t]
+    slots[::5] = -1
+    slots = slots.to(DEV)
+    got, want = _poisoned_cache(num_blocks), _poisoned_cache(num_blocks)
+    bt, nw = tile if tile else (None, None)
+    K["insert"].insert_index_k(got, k, positions, slots, weight, cs, rot, 1e-6, block_t=bt,
+                               num_warps=nw)
+    api.insert_index_k(want, k, positions, slots, weight, cs, rotary_dim=rot,
+                       backend="reference")
+    diff = _storage(got) != _storage(want)
+    gc, gs = _token_bytes(got, slots)
+    wc, ws = _token_bytes(want, slots)
+    assert int(diff.sum()) == int((gc != wc).sum() + (gs != ws).sum())  # only token bytes
+    value, mag = norm_rope_exact(k[slots >= 0], positions[slots >= 0], weight, cs, rot, 1e-6)
+    differs = ((gc != wc).any(1) | (gs != ws).any(1)).cpu()
+    assert not bool((key_unexplained(gc, gs, value, mag) & differs).any())
+    assert int(differs.sum()) <= 2
 
 
 @pytest.mark.parametrize("dtype,rot,layout", [(torch.float32, 64, "slice"),
@@ -586,6 +651,90 @@ def test_gpu_realistic_sizes():
     _assert_bytes_equal(ws_t, ws_r)
 
 
+def _all_pairs_cache(num_blocks: int, gen) -> torch.Tensor:
+    """A padded cache of random code and scale bytes whose pages cover, in each of the 8 dim
+    positions of a ``nvfp4_dequant_ptx_bytes`` call (dims 8m .. 8m + 7), every (E2M1 code,
+    scale byte) pair: NaN scales 0x7F / 0xFF, negative, zero and subnormal scales, code 8."""
+    cache = _random_cache(num_blocks, gen)
+    codes, scales = P.read_blocks(cache, torch.arange(num_blocks, device=DEV))
+    nib = F.unpack_e2m1(codes.cpu()).long()  # [blocks, 128, 128] codes in dim order
+    sb = _bytes(scales).cpu().long().repeat_interleave(16, dim=-1)  # scale byte per dim
+    pos = torch.arange(128) % 8
+    for k in range(8):
+        pairs = (nib[..., pos == k] * 256 + sb[..., pos == k]).unique()
+        assert pairs.numel() == 16 * 256, f"dim position {k}: {pairs.numel()} pairs covered"
+    return cache
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tuning", [dict(dequant="ptx"),
+                                    dict(dequant="ptx", tok_block=128, num_warps=8),
+                                    dict(dequant="ptx", tok_block=8, num_warps=1),
+                                    dict(dequant="ptx", tok_block=16, num_warps=16),
+                                    dict(dequant="ptx", tok_block=8, num_warps=16),
+                                    dict(dequant="triton"), dict()])
+def test_gpu_gather_dequant_modes_bit_exact(tuning):
+    """The gather's dequantization modes on the GPU (inline PTX "ptx" with several tunings,
+    down to layouts with fewer elements than threads (8 tokens x 32 pairs on 16 warps),
+    "triton", the default) against the reference, byte for byte, on a cache whose pages hold
+    every (code, scale byte) pair in every dim position of an asm call (NaN scales must give
+    0x7F, code 8 0x80 / 0x00 by the scale's sign). A wrong element or nibble order inside the
+    packed uint32 words (e.g. Triton packing the two outputs of a ``pack=2`` call the other
+    way) moves codes to other dims, which random codes show at once. The workspace is
+    poisoned: pages before the offsets, past the gathered ones and those a request's
+    out-of-range offset skips must stay poison."""
+    g = _gen(43)
+    nb = 64
+    cache = _all_pairs_cache(nb, g)
+    counts = [0, 20, 1, 40, 3]  # 64 pages: every page once (a permutation of the cache)
+    perm = torch.randperm(nb, generator=g).to(torch.int32)
+    bt = torch.full((len(counts), 48), -1, dtype=torch.int32)
+    starts = [0] + torch.tensor(counts).cumsum(0).tolist()
+    for r, n in enumerate(counts):
+        bt[r, :n] = perm[starts[r]:starts[r] + n]
+    bt = bt.cuda()
+    seq_lens = torch.tensor([128 * n + 1 for n in counts], dtype=torch.int32, device="cuda")
+    rws, roff = api.gather_index_k_fp8(cache, bt, seq_lens, backend="reference")
+    assert rws.shape[0] == nb
+    for from_seq_lens in (True, False):
+        ws = torch.full((nb + 5, 128, 128), POISON, dtype=torch.uint8, device="cuda")
+        off = (roff + 2).cuda()
+        lengths = seq_lens if from_seq_lens else torch.tensor(counts, device="cuda")
+        K["gather"].gather_into(cache, bt, lengths, off, ws.view(torch.float8_e4m3fn),
+                                max_pages=48, lengths_are_seq_lens=from_seq_lens, **tuning)
+        torch.cuda.synchronize()
+        _assert_bytes_equal(ws[2:2 + nb], rws)
+        assert bool((ws[:2] == POISON).all()) and bool((ws[2 + nb:] == POISON).all())
+    # the last request starts 2 pages before the end: its third page lies outside and is skipped
+    ws = torch.full((8, 128, 128), POISON, dtype=torch.uint8, device="cuda")
+    off = torch.tensor([0, 0, 0, 0, 6], dtype=torch.int32, device="cuda")
+    K["gather"].gather_into(cache, bt[4:], seq_lens[4:], off[4:], ws.view(torch.float8_e4m3fn),
+                            max_pages=3, **tuning)
+    torch.cuda.synchronize()
+    _assert_bytes_equal(ws[6:], rws[61:63])
+    assert bool((ws[:6] == POISON).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_gather_misaligned_workspace():
+    """A workspace view that is not 4-byte aligned: the default falls back to the byte path
+    (still exact, neighbours untouched), an explicit dequant="ptx" is refused (no misaligned
+    uint32 store)."""
+    cache, block_table, seq_lens = _gather_case(_gen(44))
+    rws, roff = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
+    n = rws.shape[0] * 128 * 128
+    flat = torch.full((n + 8,), POISON, dtype=torch.uint8, device="cuda")
+    ws = flat[2:2 + n].view(-1, 128, 128)
+    with pytest.raises(ValueError, match="aligned"):
+        K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6, dequant="ptx")
+    K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6)
+    torch.cuda.synchronize()
+    _assert_bytes_equal(ws, rws)
+    assert bool((flat[:2] == POISON).all()) and bool((flat[2 + n:] == POISON).all())
+
+
 # ---------------------------------------------------------------------------------------------
 # Offline compile for SM90 (no GPU needed): catches compiled-mode-only errors
 # ---------------------------------------------------------------------------------------------
@@ -598,7 +747,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from nvfp4_indexer.triton import encode, quantize, dequantize, insert, query, gather
 
-cases = []
+GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_stride="i32",
+                    len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32")
+# the gather's inline-PTX dequantization (GPU default): needs PORTABLE=False
+cases = [(gather._gather_kernel, GATHER_TYPES,
+          dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=32, DEQUANT="ptx"))]
 for P in (True, False):
     cases += [
         (encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
@@ -608,9 +761,8 @@ for P in (True, False):
          dict(PAGED=True, PORTABLE=P, BLOCK_T=8)),
         (dequantize._dequantize_nvfp4_kernel, dict(codes_ptr="*u8", scales_ptr="*u8",
          out_ptr="*u8", n_rows="i32"), dict(PORTABLE=P, OUT_F32=False, BLOCK_T=16)),
-        (gather._gather_kernel, dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32",
-         bt_row_stride="i32", len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32"),
-         dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32)),
+        (gather._gather_kernel, GATHER_TYPES,
+         dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton")),
         (insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32",
          pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
          eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
@@ -628,7 +780,11 @@ for fn, types, consts in cases:
     for bad in ("div.full", "div.approx", "rsqrt.approx", "sqrt.approx", ".ftz"):
         assert bad not in ptx, f"{name}: {bad} in PTX"
     native = "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    assert native == (not consts["PORTABLE"]), f"{name}: native fp8 cvt present={native}"
+    if consts.get("DEQUANT") == "ptx":  # f16x2 conversions from the inline asm instead
+        assert not native and "cvt.rn.satfinite.e4m3x2.f16x2" in ptx and "prmt.b32" in ptx \
+            and "lop3.b32" in ptx, f"{name}: inline-PTX dequantization missing"
+    else:
+        assert native == (not consts["PORTABLE"]), f"{name}: native fp8 cvt present={native}"
 print("compiled", len(cases))
 '''
 
@@ -636,7 +792,8 @@ print("compiled", len(cases))
 def test_kernels_compile_offline_for_sm90():
     """Every kernel compiles to SM90 PTX + cubin (Triton's bundled ptxas, no GPU): no
     approximate division / sqrt, no flush-to-zero; the native E4M3 cvt only when
-    PORTABLE=False. Runs in a subprocess (this process's kernels may be interpreted)."""
+    PORTABLE=False (the gather's DEQUANT="ptx": the f16x2 cvt of its inline asm, no fp32
+    one). Runs in a subprocess (this process's kernels may be interpreted)."""
     import subprocess
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
@@ -649,4 +806,19 @@ def test_kernels_compile_offline_for_sm90():
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled 12" in proc.stdout
+    assert "compiled 13" in proc.stdout
+
+
+def test_insert_index_k_rejects_bad_tuning():
+    """The insert launcher's tuning overrides are checked before anything is written."""
+    cache = torch.full((2, 128, 72), 0x5A, dtype=torch.uint8)
+    k = torch.randn(3, 128)
+    pos = torch.arange(3)
+    slots = torch.arange(3)
+    w = torch.zeros(128)
+    cs = torch.ones(8, 64)
+    for kw in ({"block_t": 3}, {"block_t": 0}, {"block_t": 256}, {"num_warps": 3},
+               {"num_warps": 16}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            K["insert"].insert_index_k(cache, k, pos, slots, w, cs, 64, **kw)
+    assert bool((cache == 0x5A).all())

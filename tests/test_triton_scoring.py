@@ -525,9 +525,10 @@ def prefill_batch(specs, seed, **kw):
     return batch, qsl
 
 
-@pytest.mark.parametrize("heads,num_splits,budget,window", [(1, None, None, None),
-                                                            (2, 1, 40, 4), (2, 3, 17, 2)])
-def test_prefill_matches_reference(heads, num_splits, budget, window):
+@pytest.mark.parametrize("heads,num_splits,budget,window,block_m",
+                         [(1, None, None, None, None), (2, 1, 40, 4, None), (2, 3, 17, 2, None),
+                          (2, 2, None, 2, 16)])
+def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
     # Rows straddling page 16 (short and long rows in one block), a one-token request, a
     # request without history, context-free long prompt; budget 17 forces one request per
     # chunk for the long ones.
@@ -540,7 +541,7 @@ def test_prefill_matches_reference(heads, num_splits, budget, window):
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
     PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget,
-                            out, num_splits=num_splits, window=window)
+                            out, num_splits=num_splits, window=window, block_m=block_m)
     assert_guards(big)
     assert_unchanged(batch, q, snap)
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
@@ -561,7 +562,8 @@ def test_prefill_api_and_nan_page():
     check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
     assert (out[:4, 0, :15] != 5).all(), "the NaN page must be the one left out (L = 17)"
     # tuning overrides are checked before anything runs (a bad one never leaves out unwritten)
-    for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3}):
+    for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3},
+               {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
                                     64, out, **kw)
@@ -616,9 +618,13 @@ def test_gpu_decode_realistic(b, max_len, q_len, heads):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_decode_cuda_graph_replays():
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_decode_cuda_graph_replays(pdl):
     """Capture DecodeRunner.run once; 50 replays after in-place changes of q, seq_lens
-    (including zero-length padding requests) and block tables, each against the reference."""
+    (including zero-length padding requests) and block tables, each against the reference.
+    ``pdl``: the merge kernel launched with programmatic dependent launch (SM90+)."""
+    if pdl and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs SM90+")
     b, q_len, heads, max_len = 16, 4, 4, 65536
     pool = Batch([max_len] * 4, seed=71, page_stride=PAD_STRIDE, spare=16)
     width = pool.width
@@ -628,7 +634,8 @@ def test_gpu_decode_cuda_graph_replays():
     sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
     q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
     big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV)
+    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV, pdl=pdl)
+    assert runner.num_splits > 1  # the merge kernel (the PDL launch) runs
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

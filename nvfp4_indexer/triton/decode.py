@@ -73,6 +73,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
 from .numerics import device_guard, portable_default
@@ -85,14 +86,16 @@ from .scoring import (
     resolve_dot,
 )
 from .topk import (
-    empty_topk,
-    load_candidates,
-    keep_per_split,
     choose_window as topk_choose_window,
+)
+from .topk import (
+    empty_topk,
+    insert_page,
+    keep_per_split,
+    load_candidates,
     merge_config,
     merge_window,
     store_candidates,
-    insert_page,
     window_buffer,
     write_selection,
 )
@@ -199,7 +202,7 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
                          Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
                          DEQUANT: tl.constexpr = "triton", WINDOW: tl.constexpr = 64,
-                         KEEP: tl.constexpr = 16):
+                         KEEP: tl.constexpr = 16, PDL: tl.constexpr = False):
     b = tl.program_id(0)
     split = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -249,6 +252,8 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
                 tl.store(buf + (j - w0) * BLOCK_M + m, score)
             top = merge_window(top, buf, w0, w_end, local, WINDOW)
 
+    if PDL:  # pages done: the merge grid may launch (it waits for this grid to finish)
+        gdc_launch_dependents()
     if NUM_SPLITS == 1:
         write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)
     else:
@@ -268,7 +273,10 @@ def _page_scores(page_ptr, q0, q1, q2, q3, q_even, q_odd, DOT: tl.constexpr,
 @triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr", "cand_ptr", "out_ptr"])
 def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, Q: tl.constexpr, H: tl.constexpr,
                          BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr):
+                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    if PDL:  # launched early (programmatic dependent launch): wait for the score grid
+        gdc_wait()
     b = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     i = m // H
@@ -311,6 +319,9 @@ class DecodeRunner:
         maxnreg: register cap of the score kernel (tuning; default ``MAXNREG``, None: no cap).
         programs_per_sm: split target used by ``choose_num_splits`` (default
             ``PROGRAMS_PER_SM``; ignored when ``num_splits`` is given).
+        pdl: launch the merge kernel with programmatic dependent launch (SM90+): it may start
+            once every score program has scored its pages (``griddepcontrol``), and waits for
+            the score grid's writes before reading them.
         warmup: compile both kernels now by one launch on an all-padding batch (default on
             CUDA), so that capturing ``run`` never compiles.
     Raises:
@@ -324,7 +335,7 @@ class DecodeRunner:
                  num_splits: int | None = None, warmup: bool | None = None,
                  dequant: str | None = None, window: int | None = None, num_warps: int = 4,
                  num_stages: int = 2, programs_per_sm: int = PROGRAMS_PER_SM,
-                 maxnreg: int | None = MAXNREG):
+                 maxnreg: int | None = MAXNREG, pdl: bool = False):
         for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
                               ("width", width, 1), ("query_len", query_len, 1)):
             if not isinstance(val, int) or val < lo:
@@ -373,6 +384,13 @@ class DecodeRunner:
         self._reg_cap = ({} if maxnreg is None or portable_default(self.device)
                          else {"maxnreg": maxnreg})
         self.num_warps, self.num_stages = num_warps, num_stages
+        if not isinstance(pdl, bool) or (pdl and (portable_default(self.device) or
+                                                  torch.cuda.get_device_capability(
+                                                      self.device) < (9, 0))):
+            raise ValueError(f"pdl: expected a bool, True only on SM90+ CUDA GPUs, got {pdl!r} "
+                             f"on {self.device}")
+        self.pdl = pdl
+        self._pdl_launch = {"launch_pdl": True} if pdl else {}
         self.splits_pad = triton.next_power_of_2(self.num_splits)
         self.keep = keep_per_split(self.num_splits, width)
         self.merge_rows, self.merge_warps = merge_config(self.num_splits, self.keep)
@@ -450,12 +468,14 @@ class DecodeRunner:
                 block_table, block_table.stride(0), seq_lens, self.scratch, self.win, out,
                 Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
                 DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
-                num_warps=self.num_warps, num_stages=self.num_stages, **self._reg_cap)
+                PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
+                **self._reg_cap)
             if self.num_splits > 1:
                 _decode_merge_kernel[(b, triton.cdiv(q * h, self.merge_rows))](
                     self.scratch, seq_lens, out, Q=q, H=h, BLOCK_M=self.block_m,
                     NUM_SPLITS=self.num_splits, SPLITS_PAD=self.splits_pad,
-                    ROWS=self.merge_rows, KEEP=self.keep, num_warps=self.merge_warps)
+                    ROWS=self.merge_rows, KEEP=self.keep, PDL=self.pdl,
+                    num_warps=self.merge_warps, **self._pdl_launch)
         return out
 
 

@@ -2,6 +2,14 @@
 
 Workspace page ``page_offsets[r] + j`` holds request r's logical page j, token-major
 ``[128 tokens, 128 dims]``, as dequant_e4m3 bytes (SPEC 1.4), bit-exact.
+
+Dequantization modes (the ``DEQUANT`` constexpr, ``gather_into(dequant=...)``):
+
+- "ptx" (GPU default, SM89+): code bytes read as uint16 pairs, one inline-PTX call
+  (``scoring.nvfp4_dequant_ptx_bytes``) turns 2 pairs (8 dims) into two uint32 words of
+  E4M3 bytes with f16x2 arithmetic and native conversions, stored through a uint32 view.
+- "triton": fp32 per value from Triton ops (``dequantize.dequant_code_tile``); the only mode
+  under the interpreter / with ``PORTABLE`` (integer-bit E4M3 encoder).
 """
 
 from __future__ import annotations
@@ -14,14 +22,23 @@ from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.paging import history_pages
 from .dequantize import dequant_code_tile
 from .numerics import device_guard, interpreting, portable_default
+from .scoring import nvfp4_dequant_ptx_bytes
+
+DEQUANT_MODES = ("triton", "ptx")
+TOK_BLOCKS = (8, 16, 32, 64, 128)  # tokens per inner step (powers of two dividing 128)
+NUM_WARPS = (1, 2, 4, 8, 16)
+# 16 tokens per step: 2.4x the throughput of 32 on the large cases (H200, benchmarks.knob_lab)
+DEFAULT_TOK_BLOCK = 16
+DEFAULT_NUM_WARPS = 4
 
 
 @triton.jit
 def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
                    ws_pages, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
-                   TOK_BLOCK: tl.constexpr):
+                   TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton"):
     """Program (r, j): request r's logical page j, if j < its page count, into workspace page
-    ``off_ptr[r] + j`` (skipped when that lies outside ``[0, ws_pages)``)."""
+    ``off_ptr[r] + j`` (skipped when that lies outside ``[0, ws_pages)``), ``TOK_BLOCK``
+    tokens per step, dequantized per ``DEQUANT`` (module docstring)."""
     r = tl.program_id(0)
     j = tl.program_id(1)
     length = tl.load(len_ptr + r).to(tl.int64)
@@ -34,21 +51,65 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
         block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j).to(tl.int64)
         page = cache_ptr + block * page_stride
         out_page = ws_ptr + dst * (128 * 128)
-        i = tl.arange(0, 64)[None, :]
-        d = tl.arange(0, 128)[None, :]
-        for t0 in tl.static_range(0, 128, TOK_BLOCK):
-            tok = (t0 + tl.arange(0, TOK_BLOCK))[:, None]
-            code_bytes = tl.load(page + tok * 64 + i)
-            scale_bytes = tl.load(page + 8192 + tok * 8 + i // 8)
-            out = dequant_code_tile(code_bytes, scale_bytes, PORTABLE, False)
-            tl.store(out_page + tok * 128 + d, out)
+        if DEQUANT == "ptx":
+            # [tokens, group g, pair k]: uint16 code pair 4g + k = dims 16g + 4k .. + 3. The
+            # group axis lets the [TOK_BLOCK, 8, 1] scales broadcast in registers; their load
+            # is told contiguity 1 so it takes the codes' layout (vectorized, it would get
+            # another layout and a shared-memory conversion every step: SM90 SASS).
+            g = tl.arange(0, 8)[None, :, None]
+            k = tl.arange(0, 4)[None, None, :]
+            for t0 in tl.static_range(0, 128, TOK_BLOCK):
+                tok = (t0 + tl.arange(0, TOK_BLOCK))[:, None, None]
+                codes = tl.load((page + tok * 64).to(tl.pointer_type(tl.uint16), bitcast=True)
+                                + g * 4 + k)
+                sbytes = tl.load(page + 8192 + tok * 8 + tl.max_contiguous(g, [1, 1, 1]))
+                s = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
+                out = nvfp4_dequant_ptx_bytes(codes, s)  # uint32: 4 E4M3 bytes, dim order
+                tl.store((out_page + tok * 128).to(tl.pointer_type(tl.uint32), bitcast=True)
+                         + g * 4 + k, out)
+        else:
+            i = tl.arange(0, 64)[None, :]
+            d = tl.arange(0, 128)[None, :]
+            for t0 in tl.static_range(0, 128, TOK_BLOCK):
+                tok = (t0 + tl.arange(0, TOK_BLOCK))[:, None]
+                code_bytes = tl.load(page + tok * 64 + i)
+                scale_bytes = tl.load(page + 8192 + tok * 8 + i // 8)
+                out = dequant_code_tile(code_bytes, scale_bytes, PORTABLE, False)
+                tl.store(out_page + tok * 128 + d, out)
+
+
+def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warps=None):
+    """``(PORTABLE, DEQUANT, TOK_BLOCK, num_warps)`` of a gather launch on ``device`` from
+    ``gather_into``'s arguments (None = default; the same checks and ValueErrors)."""
+    portable = portable_default(device) if portable is None else bool(portable)
+    if dequant is None:  # the asm's f16x2 <-> e4m3x2 conversions need SM89+
+        dev = torch.device(device)
+        dequant = "triton" if (portable or dev.type != "cuda"
+                               or torch.cuda.get_device_capability(dev) < (8, 9)) else "ptx"
+    elif dequant not in DEQUANT_MODES:
+        raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
+    elif dequant == "ptx" and (portable or interpreting()
+                               or torch.device(device).type != "cuda"):
+        raise ValueError("dequant: 'ptx' needs a CUDA GPU (SM89+) with portable=False, not "
+                         "the interpreter / CPU / portable mode")
+    if tok_block is None:
+        tok_block = 128 if interpreting() else DEFAULT_TOK_BLOCK
+    elif type(tok_block) is not int or tok_block not in TOK_BLOCKS:
+        raise ValueError(f"tok_block: expected one of {TOK_BLOCKS}, got {tok_block!r}")
+    if num_warps is None:
+        num_warps = DEFAULT_NUM_WARPS
+    elif type(num_warps) is not int or num_warps not in NUM_WARPS:
+        raise ValueError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
+    return portable, dequant, tok_block, num_warps
 
 
 def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
                 page_offsets: torch.Tensor, workspace: torch.Tensor, max_pages: int, *,
-                lengths_are_seq_lens: bool = True, portable: bool | None = None) -> None:
+                lengths_are_seq_lens: bool = True, portable: bool | None = None,
+                dequant: str | None = None, tok_block: int | None = None,
+                num_warps: int | None = None) -> None:
     """Launch the gather without host syncs (SPEC 7): request r's logical pages
-    j < n_r go to ``workspace[page_offsets[r] + j]``.
+    j < n_r go to ``workspace[page_offsets[r] + j]``. Capturable in a CUDA graph.
 
     Args:
         cache: ``uint8 [num_blocks, 128, 72]`` with strides ``(S, 72, 1)``.
@@ -60,21 +121,41 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
         workspace: ``float8_e4m3fn`` (or uint8) ``[P, 128, 128]``, contiguous; pages outside
             ``[0, P)`` are skipped, pages not gathered are left untouched.
         max_pages: host int >= every n_r (the grid is ``(R, max_pages)``; pages past n_r exit).
-        portable: force the PORTABLE constexpr (tests).
+        portable: force the PORTABLE constexpr (tests); default True under the interpreter /
+            off CUDA.
+        dequant: tuning override, ``DEQUANT_MODES``: "ptx" (default on a CUDA GPU unless
+            portable; needs SM89+) or "triton" (the only mode under the interpreter / portable).
+            Both give the same bytes.
+        tok_block: tuning override, tokens per step, one of ``TOK_BLOCKS`` (default 16; 128
+            under the interpreter).
+        num_warps: tuning override, warps per program, one of ``NUM_WARPS`` (default 4).
+    Raises:
+        ValueError: a tuning override outside its set, or dequant "ptx" under the
+            interpreter / off CUDA / with portable=True (checked before any early return), or
+            "ptx" with a workspace not 4-byte aligned / a cache not 2-byte aligned (the
+            default then takes "triton").
     """
+    explicit = dequant
+    portable, dequant, tok_block, num_warps = resolve_tuning(
+        cache.device, portable, dequant, tok_block, num_warps)
     r = block_table.shape[0]
     if r == 0 or max_pages <= 0 or workspace.shape[0] == 0:
         return
     assert workspace.is_contiguous() and tuple(workspace.shape[1:]) == (PAGE_SIZE, HEAD_DIM)
     assert block_table.stride(-1) == 1
     ws = workspace.view(torch.uint8)
-    portable = portable_default(cache.device) if portable is None else portable
-    tok_block = 128 if interpreting() else 32
+    if dequant == "ptx" and (ws.data_ptr() % 4 or cache.data_ptr() % 2 or cache.stride(0) % 2):
+        # "ptx" reads uint16 code pairs and writes uint32 words: misaligned views (never made
+        # by this library) take the byte path, or are refused when "ptx" was asked for
+        if explicit == "ptx":
+            raise ValueError("dequant: 'ptx' needs a 4-byte aligned workspace and a 2-byte "
+                             "aligned cache (base and page stride)")
+        dequant = "triton"
     with device_guard(cache.device):
         _gather_kernel[(r, max_pages)](
             cache, cache.stride(0), block_table, block_table.stride(0), lengths.contiguous(),
             page_offsets.contiguous(), ws, ws.shape[0], FROM_SEQ_LENS=lengths_are_seq_lens,
-            PORTABLE=portable, TOK_BLOCK=tok_block)
+            PORTABLE=portable, TOK_BLOCK=tok_block, DEQUANT=dequant, num_warps=num_warps)
 
 
 def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,

@@ -221,6 +221,79 @@ def nvfp4_dequant_ptx(code_pairs, scale_f16, DEQUANT: tl.constexpr = "ptx"):
                                      is_pure=True, pack=2)
 
 
+# Inline-PTX dequantization straight to E4M3 bytes (the gather, ``DEQUANT="ptx"``, SM89+).
+# ``pack=2`` over uint16 code pairs: $2 = 4 code bytes [b3 b2 b1 b0] (element 0 = b1 b0,
+# element 1 = b3 b2), $3 = the elements' fp16 scales (f16x2, element 0 in the low half).
+# Outputs (32-bit): $0 = the 4 E4M3 bytes of element 0 [hi(b1) lo(b1) hi(b0) lo(b0)] (byte 0 =
+# low nibble of b0, i.e. dims 4i .. 4i + 3 in memory order), $1 = the same for element 1.
+# Per code byte b one f16x2 holds its two nibbles: ``prmt(w << 4, w, sel)`` builds the halves
+# [S(w4.b) : w4.b] (low half: the low nibble moved to bits 4..7) and [S(w.b) : w.b] (high
+# half: the high nibble), S = sign-replicated byte (selector nibbles 8..F). Then, exactly as
+# ``_PTX_HEAD``: << 5 and the mask 0x8E00 per half give e2m1 * 2^-14, * 2^14 and * the
+# element's scale (prmt 0x1010 / 0x3232 duplicates the low / high scale half) are exact,
+# one RNE saturating conversion per f16x2 (low half -> low byte). A NaN scale must give 0x7F
+# (SPEC 1.1) whatever sign the hardware leaves on a NaN product or keeps through the cvt, so
+# every byte whose magnitude is 0x7F (only NaN: satfinite never yields it for a finite value)
+# gets its sign bit cleared: (byte & 0x7F) + 1 carries into bit 7 exactly then, with no carry
+# across bytes, and LOP3 0x70 computes a & ~(b & c).
+_DEQUANT_E4M3_BYTES_PTX = tl.constexpr("""{
+.reg .b32 w4, x0, x1, x2, x3, k14, s0, s1, r0, r1, n0, n1;
+.reg .b16 e0, e1, e2, e3;
+mov.b32 k14, 0x74007400;
+shl.b32 w4, $2, 4;
+prmt.b32 x0, w4, $2, 0xC480;
+prmt.b32 x1, w4, $2, 0xD591;
+prmt.b32 x2, w4, $2, 0xE6A2;
+prmt.b32 x3, w4, $2, 0xF7B3;
+shl.b32 x0, x0, 5;
+shl.b32 x1, x1, 5;
+shl.b32 x2, x2, 5;
+shl.b32 x3, x3, 5;
+and.b32 x0, x0, 0x8E008E00;
+and.b32 x1, x1, 0x8E008E00;
+and.b32 x2, x2, 0x8E008E00;
+and.b32 x3, x3, 0x8E008E00;
+mul.rn.f16x2 x0, x0, k14;
+mul.rn.f16x2 x1, x1, k14;
+mul.rn.f16x2 x2, x2, k14;
+mul.rn.f16x2 x3, x3, k14;
+prmt.b32 s0, $3, $3, 0x1010;
+prmt.b32 s1, $3, $3, 0x3232;
+mul.rn.f16x2 x0, x0, s0;
+mul.rn.f16x2 x1, x1, s0;
+mul.rn.f16x2 x2, x2, s1;
+mul.rn.f16x2 x3, x3, s1;
+cvt.rn.satfinite.e4m3x2.f16x2 e0, x0;
+cvt.rn.satfinite.e4m3x2.f16x2 e1, x1;
+cvt.rn.satfinite.e4m3x2.f16x2 e2, x2;
+cvt.rn.satfinite.e4m3x2.f16x2 e3, x3;
+mov.b32 r0, {e0, e1};
+mov.b32 r1, {e2, e3};
+and.b32 n0, r0, 0x7F7F7F7F;
+and.b32 n1, r1, 0x7F7F7F7F;
+add.u32 n0, n0, 0x01010101;
+add.u32 n1, n1, 0x01010101;
+lop3.b32 $0, r0, n0, 0x80808080, 0x70;
+lop3.b32 $1, r1, n1, 0x80808080, 0x70;
+}""")
+
+
+@triton.jit
+def nvfp4_dequant_ptx_bytes(code_pairs, scale_f16):
+    """dequant_e4m3 bytes (SPEC 1.4) of the four nibbles of uint16 code pairs ``code_pairs``
+    (byte 2i + 1 in the high byte, as two code bytes load little-endian) with their group
+    scales ``scale_f16`` (fp16 holding E4M3 values, same shape; NaN and negative scales follow
+    SPEC 1.4, NaN gives 0x7F).
+
+    Returns a uint32 tensor of that shape: byte j (little-endian) of element i is dim 4i + j
+    when element i holds code bytes 2i, 2i + 1 of a token, so storing it through a uint32
+    view writes the token-major E4M3 row. Inline PTX: SM89+ GPUs only (no interpreter).
+    """
+    return tl.inline_asm_elementwise(_DEQUANT_E4M3_BYTES_PTX, "=r,=r,r,r",
+                                     [code_pairs, scale_f16], dtype=tl.uint32,
+                                     is_pure=True, pack=2)
+
+
 @triton.jit
 def load_q_quads_t(q_ptr, row_off, row_mask):
     """Query operands of ``nvfp4_page_scores_ptx``: fp16 ``[32, BLOCK_M]`` transposed dims
