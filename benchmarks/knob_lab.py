@@ -63,7 +63,7 @@ INSERT_VARIANTS = {
     "bt32": {"block_t": 32},
     "bt16 w2": {"block_t": 16, "num_warps": 2},
     "bt64": {"block_t": 64},
-    "bt4 w1": {"block_t": 4, "num_warps": 1},
+    "bt16 w1": {"block_t": 16, "num_warps": 1},
 }
 
 ROWS: list[tuple] = []
