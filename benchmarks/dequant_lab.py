@@ -55,6 +55,8 @@ VARIANTS = {
     "reg128 pps16": {"maxnreg": 128, "programs_per_sm": 16},
     "w8": {"num_warps": 8},
     "pdl": {"pdl": True},
+    "ns64": {"num_splits": 64},
+    "ns250": {"num_splits": 250},
 }
 QUICK_VARIANTS = ("base", "reg128", "pps16", "win1")
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),

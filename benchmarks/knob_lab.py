@@ -35,24 +35,23 @@ START = time.monotonic()
 
 PREFILL_VARIANTS = {
     "base": {},
+    "m64": {"block_m": 64},
     "st3": {"num_stages": 3},
-    "m128 w4": {"block_m": 128},
-    "m128 w8": {"block_m": 128, "num_warps": 8},
-    "m128 w8 st3": {"block_m": 128, "num_warps": 8, "num_stages": 3},
-    "m256 w8": {"block_m": 256, "num_warps": 8},
-    "m256 w8 st3": {"block_m": 256, "num_warps": 8, "num_stages": 3},
+    "fp8 dot": {"dot": "fp8"},
+    "m64 fp8 dot": {"block_m": 64, "dot": "fp8"},
 }
 PREFILL_CASES = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1),
                  (1_024, 131_072, 1), (16_384, 0, 1)]  # (new tokens, context, requests)
 
 GATHER_VARIANTS = {
     "base": {},
-    "triton": {"dequant": "triton"},
+    "parts2": {"page_parts": 2},
+    "parts4": {"page_parts": 4},
+    "parts8": {"page_parts": 8},
+    "parts2 w2": {"page_parts": 2, "num_warps": 2},
+    "parts4 w2": {"page_parts": 4, "num_warps": 2},
+    "parts8 w1": {"page_parts": 8, "num_warps": 1},
     "tb32": {"tok_block": 32},
-    "tb8": {"tok_block": 8},
-    "tb16 w2": {"tok_block": 16, "num_warps": 2},
-    "tb16 w8": {"tok_block": 16, "num_warps": 8},
-    "tb8 w2": {"tok_block": 8, "num_warps": 2},
 }
 GATHER_CASES = [(16_384, 131_072, 4), (1_024, 131_072, 4), (4_096, 131_072, 1),
                 (16_384, 32_768, 4), (1_024, 32_768, 1)]

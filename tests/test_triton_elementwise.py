@@ -384,7 +384,9 @@ def test_gather_index_k_fp8_bit_exact():
 
 
 @pytest.mark.parametrize("from_seq_lens,tuning", [(True, {}),
-                                                  (False, dict(tok_block=64, num_warps=2))])
+                                                  (False, dict(tok_block=64, num_warps=2)),
+                                                  (True, dict(page_parts=4)),
+                                                  (False, dict(page_parts=8, tok_block=128))])
 def test_gather_into_offsets_and_untouched_pages(from_seq_lens, tuning):
     cache, block_table, seq_lens = _gather_case(_gen(10))
     rws, roffsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
@@ -407,6 +409,7 @@ def test_gather_into_rejects_bad_tuning():
     off = torch.zeros(7, dtype=torch.int32, device=DEV)
     bad = [dict(dequant="bogus"), dict(tok_block=48), dict(tok_block=256), dict(tok_block=32.0),
            dict(tok_block=True), dict(num_warps=3), dict(num_warps=32), dict(num_warps="4"),
+           dict(page_parts=3), dict(page_parts=16), dict(page_parts=0),
            dict(dequant="ptx", portable=True)]
     if not HAS_CUDA:
         bad.append(dict(dequant="ptx"))
@@ -673,6 +676,9 @@ def _all_pairs_cache(num_blocks: int, gen) -> torch.Tensor:
                                     dict(dequant="ptx", tok_block=8, num_warps=1),
                                     dict(dequant="ptx", tok_block=16, num_warps=16),
                                     dict(dequant="ptx", tok_block=8, num_warps=16),
+                                    dict(dequant="ptx", page_parts=4, num_warps=2),
+                                    dict(dequant="ptx", page_parts=8, num_warps=1),
+                                    dict(dequant="triton", page_parts=2),
                                     dict(dequant="triton"), dict()])
 def test_gpu_gather_dequant_modes_bit_exact(tuning):
     """The gather's dequantization modes on the GPU (inline PTX "ptx" with several tunings,
@@ -751,7 +757,8 @@ GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_st
                     len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32")
 # the gather's inline-PTX dequantization (GPU default): needs PORTABLE=False
 cases = [(gather._gather_kernel, GATHER_TYPES,
-          dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=32, DEQUANT="ptx"))]
+          dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
+               PAGE_PARTS=2))]
 for P in (True, False):
     cases += [
         (encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
@@ -762,7 +769,7 @@ for P in (True, False):
         (dequantize._dequantize_nvfp4_kernel, dict(codes_ptr="*u8", scales_ptr="*u8",
          out_ptr="*u8", n_rows="i32"), dict(PORTABLE=P, OUT_F32=False, BLOCK_T=16)),
         (gather._gather_kernel, GATHER_TYPES,
-         dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton")),
+         dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton", PAGE_PARTS=1)),
         (insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32",
          pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
          eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),

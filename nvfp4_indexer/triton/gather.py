@@ -30,17 +30,23 @@ NUM_WARPS = (1, 2, 4, 8, 16)
 # 16 tokens per step: 2.4x the throughput of 32 on the large cases (H200, benchmarks.knob_lab)
 DEFAULT_TOK_BLOCK = 16
 DEFAULT_NUM_WARPS = 4
+PAGE_PARTS = (1, 2, 4, 8)  # programs per page (tokens 128 / parts each)
+DEFAULT_PAGE_PARTS = 1
 
 
 @triton.jit
 def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
                    ws_pages, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
-                   TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton"):
-    """Program (r, j): request r's logical page j, if j < its page count, into workspace page
-    ``off_ptr[r] + j`` (skipped when that lies outside ``[0, ws_pages)``), ``TOK_BLOCK``
-    tokens per step, dequantized per ``DEQUANT`` (module docstring)."""
+                   TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton",
+                   PAGE_PARTS: tl.constexpr = 1):
+    """Program (r, j * PAGE_PARTS + part): part ``part`` (128 / PAGE_PARTS tokens) of request
+    r's logical page j, if j < its page count, into workspace page ``off_ptr[r] + j``
+    (skipped when that lies outside ``[0, ws_pages)``), ``TOK_BLOCK`` tokens per step,
+    dequantized per ``DEQUANT`` (module docstring)."""
+    PART: tl.constexpr = 128 // PAGE_PARTS
     r = tl.program_id(0)
-    j = tl.program_id(1)
+    j = tl.program_id(1) // PAGE_PARTS
+    tok0 = (tl.program_id(1) % PAGE_PARTS) * PART
     length = tl.load(len_ptr + r).to(tl.int64)
     if FROM_SEQ_LENS:
         num_pages = tl.maximum(length - 1, 0) // 128  # history pages (SPEC 4, 7)
@@ -58,8 +64,8 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
             # another layout and a shared-memory conversion every step: SM90 SASS).
             g = tl.arange(0, 8)[None, :, None]
             k = tl.arange(0, 4)[None, None, :]
-            for t0 in tl.static_range(0, 128, TOK_BLOCK):
-                tok = (t0 + tl.arange(0, TOK_BLOCK))[:, None, None]
+            for t0 in tl.static_range(0, PART, TOK_BLOCK):
+                tok = (tok0 + t0 + tl.arange(0, TOK_BLOCK))[:, None, None]
                 codes = tl.load((page + tok * 64).to(tl.pointer_type(tl.uint16), bitcast=True)
                                 + g * 4 + k)
                 sbytes = tl.load(page + 8192 + tok * 8 + tl.max_contiguous(g, [1, 1, 1]))
@@ -70,17 +76,19 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
         else:
             i = tl.arange(0, 64)[None, :]
             d = tl.arange(0, 128)[None, :]
-            for t0 in tl.static_range(0, 128, TOK_BLOCK):
-                tok = (t0 + tl.arange(0, TOK_BLOCK))[:, None]
+            for t0 in tl.static_range(0, PART, TOK_BLOCK):
+                tok = (tok0 + t0 + tl.arange(0, TOK_BLOCK))[:, None]
                 code_bytes = tl.load(page + tok * 64 + i)
                 scale_bytes = tl.load(page + 8192 + tok * 8 + i // 8)
                 out = dequant_code_tile(code_bytes, scale_bytes, PORTABLE, False)
                 tl.store(out_page + tok * 128 + d, out)
 
 
-def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warps=None):
-    """``(PORTABLE, DEQUANT, TOK_BLOCK, num_warps)`` of a gather launch on ``device`` from
-    ``gather_into``'s arguments (None = default; the same checks and ValueErrors)."""
+def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warps=None,
+                   page_parts=None):
+    """``(PORTABLE, DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS)`` of a gather launch on
+    ``device`` from ``gather_into``'s arguments (None = default; the same checks and
+    ValueErrors)."""
     portable = portable_default(device) if portable is None else bool(portable)
     if dequant is None:  # the asm's f16x2 <-> e4m3x2 conversions need SM89+
         dev = torch.device(device)
@@ -100,14 +108,19 @@ def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warp
         num_warps = DEFAULT_NUM_WARPS
     elif type(num_warps) is not int or num_warps not in NUM_WARPS:
         raise ValueError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
-    return portable, dequant, tok_block, num_warps
+    if page_parts is None:
+        page_parts = DEFAULT_PAGE_PARTS
+    elif type(page_parts) is not int or page_parts not in PAGE_PARTS:
+        raise ValueError(f"page_parts: expected one of {PAGE_PARTS}, got {page_parts!r}")
+    tok_block = min(tok_block, 128 // page_parts)
+    return portable, dequant, tok_block, num_warps, page_parts
 
 
 def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
                 page_offsets: torch.Tensor, workspace: torch.Tensor, max_pages: int, *,
                 lengths_are_seq_lens: bool = True, portable: bool | None = None,
                 dequant: str | None = None, tok_block: int | None = None,
-                num_warps: int | None = None) -> None:
+                num_warps: int | None = None, page_parts: int | None = None) -> None:
     """Launch the gather without host syncs (SPEC 7): request r's logical pages
     j < n_r go to ``workspace[page_offsets[r] + j]``. Capturable in a CUDA graph.
 
@@ -129,6 +142,8 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
         tok_block: tuning override, tokens per step, one of ``TOK_BLOCKS`` (default 16; 128
             under the interpreter).
         num_warps: tuning override, warps per program, one of ``NUM_WARPS`` (default 4).
+        page_parts: tuning override, programs per page, one of ``PAGE_PARTS`` (default
+            ``DEFAULT_PAGE_PARTS``; ``tok_block`` is capped at 128 / page_parts).
     Raises:
         ValueError: a tuning override outside its set, or dequant "ptx" under the
             interpreter / off CUDA / with portable=True (checked before any early return), or
@@ -136,8 +151,8 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             default then takes "triton").
     """
     explicit = dequant
-    portable, dequant, tok_block, num_warps = resolve_tuning(
-        cache.device, portable, dequant, tok_block, num_warps)
+    portable, dequant, tok_block, num_warps, page_parts = resolve_tuning(
+        cache.device, portable, dequant, tok_block, num_warps, page_parts)
     r = block_table.shape[0]
     if r == 0 or max_pages <= 0 or workspace.shape[0] == 0:
         return
@@ -152,10 +167,11 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
                              "aligned cache (base and page stride)")
         dequant = "triton"
     with device_guard(cache.device):
-        _gather_kernel[(r, max_pages)](
+        _gather_kernel[(r, max_pages * page_parts)](
             cache, cache.stride(0), block_table, block_table.stride(0), lengths.contiguous(),
             page_offsets.contiguous(), ws, ws.shape[0], FROM_SEQ_LENS=lengths_are_seq_lens,
-            PORTABLE=portable, TOK_BLOCK=tok_block, DEQUANT=dequant, num_warps=num_warps)
+            PORTABLE=portable, TOK_BLOCK=tok_block, DEQUANT=dequant, PAGE_PARTS=page_parts,
+            num_warps=num_warps)
 
 
 def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
