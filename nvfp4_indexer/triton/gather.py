@@ -29,9 +29,12 @@ TOK_BLOCKS = (8, 16, 32, 64, 128)  # tokens per inner step (powers of two dividi
 NUM_WARPS = (1, 2, 4, 8, 16)
 # 16 tokens per step: 2.4x the throughput of 32 on the large cases (H200, benchmarks.knob_lab)
 DEFAULT_TOK_BLOCK = 16
-DEFAULT_NUM_WARPS = 4
 PAGE_PARTS = (1, 2, 4, 8)  # programs per page (tokens 128 / parts each)
-DEFAULT_PAGE_PARTS = 1
+# One warp per 16-token eighth of a page: the best or within 1 % of it on every measured case
+# (H200, benchmarks.knob_lab: 77 % of copy at 108 MB, 62-64 % at 27-29 MB, 36 % at 7 MB where
+# one program per page on 4 warps reached 77 / 54-55 / 20 %).
+DEFAULT_NUM_WARPS = 1
+DEFAULT_PAGE_PARTS = 8
 
 
 @triton.jit
@@ -108,8 +111,8 @@ def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warp
         num_warps = DEFAULT_NUM_WARPS
     elif type(num_warps) is not int or num_warps not in NUM_WARPS:
         raise ValueError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
-    if page_parts is None:
-        page_parts = DEFAULT_PAGE_PARTS
+    if page_parts is None:  # the interpreter runs whole pages (fewer, vectorized programs)
+        page_parts = 1 if interpreting() else DEFAULT_PAGE_PARTS
     elif type(page_parts) is not int or page_parts not in PAGE_PARTS:
         raise ValueError(f"page_parts: expected one of {PAGE_PARTS}, got {page_parts!r}")
     tok_block = min(tok_block, 128 // page_parts)
@@ -141,9 +144,10 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             Both give the same bytes.
         tok_block: tuning override, tokens per step, one of ``TOK_BLOCKS`` (default 16; 128
             under the interpreter).
-        num_warps: tuning override, warps per program, one of ``NUM_WARPS`` (default 4).
+        num_warps: tuning override, warps per program, one of ``NUM_WARPS`` (default 1).
         page_parts: tuning override, programs per page, one of ``PAGE_PARTS`` (default
-            ``DEFAULT_PAGE_PARTS``; ``tok_block`` is capped at 128 / page_parts).
+            ``DEFAULT_PAGE_PARTS``, 1 under the interpreter; ``tok_block`` is capped at
+            128 / page_parts).
     Raises:
         ValueError: a tuning override outside its set, or dequant "ptx" under the
             interpreter / off CUDA / with portable=True (checked before any early return), or
