@@ -114,7 +114,7 @@ def ensure_pool(ctx, pages: int) -> None:
 
 # ------------------------------------------------------------------------------- prefill
 
-def prefill_part(ctx, variants: dict) -> None:
+def prefill_part(ctx, variants: dict, cases=None) -> None:
     import nvfp4_indexer as ni
     from nvfp4_indexer.constants import TOPK
     from nvfp4_indexer.triton import prefill as tp
@@ -122,7 +122,7 @@ def prefill_part(ctx, variants: dict) -> None:
     from . import workloads as wl
     from .pool import random_index_q
     from .suites import _prefill_inputs
-    for n, c, r in PREFILL_CASES:
+    for n, c, r in cases or PREFILL_CASES:
         case = wl.PrefillCase(n, c, r)
         tr = wl.prefill_traffic(case)
         _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
@@ -252,6 +252,9 @@ def insert_part(ctx, variants: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("all", "prefill", "gather", "insert"), default="all")
+    ap.add_argument("--all-cases", action="store_true",
+                    help="prefill: every WORKLOADS.md prefill case, not the five default ones")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the variants")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("knob_lab: needs a CUDA GPU")
@@ -266,9 +269,19 @@ def main(argv=None) -> int:
         ensure_pool(ctx, 40_000)  # 369 MB: >= 6x L2, every case's slots disjoint
     for part in parts:
         log(f"part {part}")
-        {"prefill": lambda: prefill_part(ctx, PREFILL_VARIANTS),
-         "gather": lambda: gather_part(ctx, GATHER_VARIANTS),
-         "insert": lambda: insert_part(ctx, INSERT_VARIANTS)}[part]()
+        variants = {"prefill": PREFILL_VARIANTS, "gather": GATHER_VARIANTS,
+                    "insert": INSERT_VARIANTS}[part]
+        if args.variants:
+            variants = {k: variants[k] for k in args.variants.split(",")}
+        if part == "prefill":
+            from .workloads import prefill_cases
+            cases = ([(c.new_tokens, c.context, c.num_reqs) for c in prefill_cases()]
+                     if args.all_cases else None)
+            prefill_part(ctx, variants, cases)
+        elif part == "gather":
+            gather_part(ctx, variants)
+        else:
+            insert_part(ctx, variants)
     print("\n| part | case | variant | us | rate | same as base | note |")
     print("|---|---|---|---|---|---|---|")
     for part, case, variant, us, val, unit, same, note in ROWS:
