@@ -829,3 +829,16 @@ def test_insert_index_k_rejects_bad_tuning():
         with pytest.raises(ValueError, match=next(iter(kw))):
             K["insert"].insert_index_k(cache, k, pos, slots, w, cs, 64, **kw)
     assert bool((cache == 0x5A).all())
+
+
+def test_gather_into_splits_requests_over_launches(monkeypatch):
+    """More requests than the grid's y limit are gathered over several launches (the limit
+    is lowered to 2 here), each request's pages at its own offsets."""
+    cache, block_table, seq_lens = _gather_case(_gen(13))
+    rws, roffsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
+    monkeypatch.setattr(K["gather"], "MAX_GRID_Y", 2)
+    ws = torch.full((rws.shape[0], 128, 128), POISON, dtype=torch.uint8, device=DEV)
+    K["gather"].gather_into(cache, block_table, seq_lens, roffsets.to(DEV),
+                            ws.view(torch.float8_e4m3fn), max_pages=6)
+    assert block_table.shape[0] > 2
+    _assert_bytes_equal(ws, rws)

@@ -35,6 +35,7 @@ PAGE_PARTS = (1, 2, 4, 8)  # programs per page (tokens 128 / parts each)
 # one program per page on 4 warps reached 77 / 54-55 / 20 %).
 DEFAULT_NUM_WARPS = 1
 DEFAULT_PAGE_PARTS = 8
+MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
 
 
 @triton.jit
@@ -42,14 +43,14 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
                    ws_pages, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
                    TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton",
                    PAGE_PARTS: tl.constexpr = 1):
-    """Program (r, j * PAGE_PARTS + part): part ``part`` (128 / PAGE_PARTS tokens) of request
+    """Program (j * PAGE_PARTS + part, r): part ``part`` (128 / PAGE_PARTS tokens) of request
     r's logical page j, if j < its page count, into workspace page ``off_ptr[r] + j``
     (skipped when that lies outside ``[0, ws_pages)``), ``TOK_BLOCK`` tokens per step,
     dequantized per ``DEQUANT`` (module docstring)."""
     PART: tl.constexpr = 128 // PAGE_PARTS
-    r = tl.program_id(0)
-    j = tl.program_id(1) // PAGE_PARTS
-    tok0 = (tl.program_id(1) % PAGE_PARTS) * PART
+    r = tl.program_id(1)
+    j = tl.program_id(0) // PAGE_PARTS
+    tok0 = (tl.program_id(0) % PAGE_PARTS) * PART
     length = tl.load(len_ptr + r).to(tl.int64)
     if FROM_SEQ_LENS:
         num_pages = tl.maximum(length - 1, 0) // 128  # history pages (SPEC 4, 7)
@@ -136,7 +137,8 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
         page_offsets: int32/int64 ``[>= R]`` destination page of each request's page 0.
         workspace: ``float8_e4m3fn`` (or uint8) ``[P, 128, 128]``, contiguous; pages outside
             ``[0, P)`` are skipped, pages not gathered are left untouched.
-        max_pages: host int >= every n_r (the grid is ``(R, max_pages)``; pages past n_r exit).
+        max_pages: host int >= every n_r (the grid is ``(max_pages * page_parts, R)``, R split
+            over launches of at most ``MAX_GRID_Y`` requests; pages past n_r exit).
         portable: force the PORTABLE constexpr (tests); default True under the interpreter /
             off CUDA.
         dequant: tuning override, ``DEQUANT_MODES``: "ptx" (default on a CUDA GPU unless
@@ -170,12 +172,17 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             raise ValueError("dequant: 'ptx' needs a 4-byte aligned workspace and a 2-byte "
                              "aligned cache (base and page stride)")
         dequant = "triton"
+    lengths, page_offsets = lengths.contiguous(), page_offsets.contiguous()
     with device_guard(cache.device):
-        _gather_kernel[(r, max_pages * page_parts)](
-            cache, cache.stride(0), block_table, block_table.stride(0), lengths.contiguous(),
-            page_offsets.contiguous(), ws, ws.shape[0], FROM_SEQ_LENS=lengths_are_seq_lens,
-            PORTABLE=portable, TOK_BLOCK=tok_block, DEQUANT=dequant, PAGE_PARTS=page_parts,
-            num_warps=num_warps)
+        # pages on the grid's x axis (up to 2^31 - 1 programs), requests on y: at most
+        # MAX_GRID_Y per launch
+        for r0 in range(0, r, MAX_GRID_Y):
+            r1 = min(r, r0 + MAX_GRID_Y)
+            _gather_kernel[(max_pages * page_parts, r1 - r0)](
+                cache, cache.stride(0), block_table[r0:r1], block_table.stride(0),
+                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0],
+                FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=portable, TOK_BLOCK=tok_block,
+                DEQUANT=dequant, PAGE_PARTS=page_parts, num_warps=num_warps)
 
 
 def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
