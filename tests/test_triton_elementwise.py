@@ -774,6 +774,10 @@ for P in (True, False):
          pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
          eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
          dict(ROT=64, PORTABLE=P, BLOCK_T=8)),
+        *[(insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32",
+           n_rows="i32", pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32",
+           cs_stride1="i32", eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
+           dict(ROT=rot, PORTABLE=P, BLOCK_T=bt)) for rot, bt in ((128, 4), (96, 4))],
         (query._prepare_index_q_kernel, dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32",
          num_heads="i32", n_rows="i32", pos_ptr="*i64", w_ptr="*bf16", cs_ptr="*fp32",
          cs_stride0="i32", cs_stride1="i32", eps="fp32", out_ptr="*u8"),
@@ -813,7 +817,7 @@ def test_kernels_compile_offline_for_sm90():
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled 13" in proc.stdout
+    assert "compiled 17" in proc.stdout
 
 
 def test_insert_index_k_rejects_bad_tuning():
@@ -825,7 +829,7 @@ def test_insert_index_k_rejects_bad_tuning():
     w = torch.zeros(128)
     cs = torch.ones(8, 64)
     for kw in ({"block_t": 3}, {"block_t": 0}, {"block_t": 256}, {"num_warps": 3},
-               {"num_warps": 16}):
+               {"num_warps": 16}, {"block_t": True}, {"num_warps": 4.0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             K["insert"].insert_index_k(cache, k, pos, slots, w, cs, 64, **kw)
     assert bool((cache == 0x5A).all())

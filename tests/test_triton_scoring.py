@@ -563,7 +563,9 @@ def test_prefill_api_and_nan_page():
     assert (out[:4, 0, :15] != 5).all(), "the NaN page must be the one left out (L = 17)"
     # tuning overrides are checked before anything runs (a bad one never leaves out unwritten)
     for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3},
-               {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0}):
+               {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0},
+               {"block_m": True}, {"num_warps": 4.0}, {"num_stages": True},
+               {"window": 64, "block_m": 128}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
                                     64, out, **kw)

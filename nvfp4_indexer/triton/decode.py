@@ -41,10 +41,11 @@ are a function of (B, W, Q, H, SM count), every program writes all of its output
 CUDA-graph replay after in-place changes of the buffers computes fresh results. Block-table
 entries at or past a request's history page count are never read.
 
-``NUM_SPLITS`` (``choose_num_splits``) = min(ceil(PROGRAMS_PER_SM * num_sms / B),
-ceil((W - 1) / 2), MAX_SPLITS), lowered to ceil((W - 1) / MIN_PAGES_PER_SPLIT) once
-B * NUM_SPLITS exceeds two waves (8 programs per SM): long contexts fill the GPU at small
-batch, small batches keep short serial chains.
+``NUM_SPLITS`` (``choose_num_splits``): 1 when W - 1 <= 15 (every row is short, SPEC 5: no
+page is scored, one launch); else min(ceil(PROGRAMS_PER_SM * num_sms / B), W - 1, MAX_SPLITS)
+(1-page splits), lowered to ceil((W - 1) / 2) once B * NUM_SPLITS exceeds 4 programs per SM
+and to ceil((W - 1) / MIN_PAGES_PER_SPLIT) beyond two waves (8 per SM): long contexts fill
+the GPU at small batch, small batches keep short serial chains.
 
 Error bound (SPEC 9)
 --------------------
@@ -138,8 +139,11 @@ def choose_num_splits(num_reqs: int, width: int, num_sms: int,
     once the grid exceeds two waves of 4 programs per SM; below that, splits as short as 2
     pages, and 1 page while the grid stays within 4 programs per SM (a small batch is
     latency-bound: shorter serial chains; H200 lab: b1 x 32K 9.5 -> 8.4 us, b8 x 4K 9.3 ->
-    8.4 us with 1-page splits)."""
+    8.4 us with 1-page splits). 1 when ``width - 1 <= 15``: every row is short (SPEC 5),
+    nothing is scored and the score kernel writes the output itself (no merge launch)."""
     max_pages = max(width - 1, 1)  # history pages <= (W*128 - 1) // 128
+    if max_pages <= 15:  # every row has L <= 15: SPEC 5's formula, nothing to split
+        return 1
     b = max(num_reqs, 1)
     ns = min(triton.cdiv(programs_per_sm * num_sms, b), max_pages, MAX_SPLITS)
     if b * ns > 4 * num_sms:

@@ -223,10 +223,10 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     Inputs are validated by ``nvfp4_indexer.api.insert_index_k``. Writes exactly 72 bytes per
     written token.
     """
-    if block_t is not None and (not isinstance(block_t, int) or block_t < 1 or block_t > 128
+    if block_t is not None and (type(block_t) is not int or block_t < 1 or block_t > 128
                                 or block_t & (block_t - 1)):
         raise ValueError(f"block_t: expected None or a power of two in 1..128, got {block_t!r}")
-    if num_warps is not None and num_warps not in (1, 2, 4, 8):
+    if num_warps is not None and (type(num_warps) is not int or num_warps not in (1, 2, 4, 8)):
         raise ValueError(f"num_warps: expected None, 1, 2, 4 or 8, got {num_warps!r}")
     t = k.shape[0]
     if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)

@@ -43,8 +43,8 @@ from .topk import (choose_window, empty_topk, insert_page, load_candidates, merg
                    write_selection)
 
 # (token, head) rows per score program. 128 on 4 warps: each page copy and conversion serves
-# twice the rows of 64 (H200, benchmarks.knob_lab: 11-30 % faster on the long prefill
-# cases; 8 warps and 256 rows were slower).
+# twice the rows of 64 (H200, benchmarks.knob_lab, one process, all 18 WORKLOADS.md cases:
+# 14 faster, geometric mean 6.4 %; 8 warps and 256 rows were slower).
 MAX_BLOCK_M = 128
 MIN_PAGES_PER_SPLIT = 4
 PROGRAMS_PER_SM = 8  # split target of the score kernel (the H200 lab tuned decode only)
@@ -140,7 +140,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     Returns ``out``.
     Raises:
         ValueError: ``num_splits`` not None or an int in 1..MAX_SPLITS; ``window`` not None or
-        a power of two in 1..64; ``block_m`` not None or a power of two in 16..256;
+        a power of two in 1..64, or with window * BLOCK_M > 4096; ``block_m`` not None or a
+        power of two in 16..256;
         ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4.
     """
     if num_splits is not None and (not isinstance(num_splits, int)
@@ -148,15 +149,15 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
                          f"{num_splits!r}")
-    if window is not None and (not isinstance(window, int) or window < 1
+    if window is not None and (type(window) is not int or window < 1
                                or window & (window - 1) or window > 64):
         raise ValueError(f"window: expected None or a power of two in 1..64, got {window!r}")
-    if block_m is not None and (not isinstance(block_m, int) or block_m not in
+    if block_m is not None and (type(block_m) is not int or block_m not in
                                 (16, 32, 64, 128, 256)):
         raise ValueError(f"block_m: expected None or a power of two in 16..256, got {block_m!r}")
-    if num_warps not in (1, 2, 4, 8):
+    if type(num_warps) is not int or num_warps not in (1, 2, 4, 8):
         raise ValueError(f"num_warps: expected 1, 2, 4 or 8, got {num_warps!r}")
-    if not isinstance(num_stages, int) or not 1 <= num_stages <= 4:
+    if type(num_stages) is not int or not 1 <= num_stages <= 4:
         raise ValueError(f"num_stages: expected an int in 1..4, got {num_stages!r}")
     t, h, _ = index_q.shape
     num_reqs = block_table.shape[0]
@@ -177,6 +178,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     longest = max(qsl[i + 1] - qsl[i] for i in range(num_reqs))
     if block_m is None:
         block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
+    if window is not None and window * block_m > 4096:  # the window scratch's bound
+        raise ValueError(f"window: expected window * BLOCK_M <= 4096, got {window} * {block_m}")
     q8 = index_q.view(torch.uint8)
     ws8 = workspace.view(torch.uint8)
     num_sms = _num_sms(dev)
