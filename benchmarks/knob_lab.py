@@ -13,7 +13,8 @@ against the default's, byte for byte (prefill: the selected pages, row for row):
 
 - prefill: ``triton.prefill.prefill_indexer`` with ``block_m`` (rows per score program),
   ``num_warps`` and ``num_stages``; eager (it plans on the host).
-- gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block`` and ``num_warps``;
+- gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block``, ``num_warps`` and
+  ``page_parts``;
   graph replays, every slot with its own workspace.
 - insert: ``triton.insert.insert_index_k`` with ``block_t`` and ``num_warps``; graph replays
   over rotated key / slot sets.

@@ -32,7 +32,7 @@ DEFAULT_TOK_BLOCK = 16
 PAGE_PARTS = (1, 2, 4, 8)  # programs per page (tokens 128 / parts each)
 # One warp per 16-token eighth of a page: the best or within 1 % of it on every measured case
 # (H200, benchmarks.knob_lab: 77 % of copy at 108 MB, 62-64 % at 27-29 MB, 36 % at 7 MB where
-# one program per page on 4 warps reached 77 / 54-55 / 20 %).
+# one program per page on 4 warps reached 77 / 53-55 / 20 %).
 DEFAULT_NUM_WARPS = 1
 DEFAULT_PAGE_PARTS = 8
 MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
