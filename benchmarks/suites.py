@@ -400,12 +400,12 @@ def rope_cache(max_position: int, rotary_dim: int, device, dtype=torch.bfloat16)
     return torch.cat([ang.cos(), ang.sin()], dim=-1).to(dtype).to(device)
 
 
-def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
+def insert_inputs(ctx: Context, case: wl.InsertCase, slots: int):
+    """An insert case's own page pool and, per rotation slot, ``(keys bf16, positions,
+    distinct random slots)``; plus the norm weight and the cos/sin cache.
+    Returns ``(pool, weight, cos_sin, inputs)``."""
     dev = ctx.device
-    tr = wl.insert_traffic(case)
-    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
     pool = PagePool(case.cache_pages, dev, seed=ctx.seed + 5, log=ctx.log)
-    cache = pool.cache
     gen = ctx.gen(case.name)
     cpu_gen = torch.Generator().manual_seed(ctx.seed + 17)
     weight = (0.1 * torch.randn(128, device=dev, generator=gen)).float()
@@ -416,6 +416,15 @@ def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
         pos = torch.randint(0, case.max_position, (case.tokens,), device=dev, generator=gen)
         slot = torch.randperm(case.cache_tokens, generator=cpu_gen)[:case.tokens].to(dev)
         inputs.append((k, pos, slot))
+    return pool, weight, cos_sin, inputs
+
+
+def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
+    dev = ctx.device
+    tr = wl.insert_traffic(case)
+    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
+    pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
+    cache = pool.cache
     rec = {"tokens": case.tokens, "cache_tokens": case.cache_tokens,
            "rotary_dim": case.rotary_dim, **_traffic_fields(tr), "slots": slots,
            "reuse_bytes": (slots - 1) * tr.bytes_moved,

@@ -27,7 +27,8 @@ from .numerics import (
     rope_freq,
     rope_partner,
 )
-from .quantize import _rows_view, pair_dims, rows_per_program, store_nvfp4_tokens
+from .quantize import (_rows_view, paged_token_bases, pair_dims, rows_per_program,
+                       store_nvfp4_tokens)
 
 
 @triton.jit
@@ -150,13 +151,9 @@ def _insert_index_k_kernel(x_ptr, x_row_stride, n_rows, pos_ptr, w_ptr, cs_ptr, 
             y01, y21 = _rotate(y01, y21, cs_row, cs_stride1, m, 0, 1, 64)
             y10, y30 = _rotate(y10, y30, cs_row, cs_stride1, m, 1, 0, 64)
             y11, y31 = _rotate(y11, y31, cs_row, cs_stride1, m, 1, 1, 64)
-        slot = tl.load(slot_ptr + t, mask=row_ok, other=-1).to(tl.int64)
-        ok = row_ok & (slot >= 0)
-        slot = tl.where(ok, slot, 0)
-        page = (slot // 128) * page_stride
-        off = slot % 128
-        code_ptr = cache_ptr + (page + off * 64)[:, None, None]  # SPEC 2
-        scale_ptr = cache_ptr + (page + 8192 + off * 8)[:, None]
+        ok, code_row, scale_row = paged_token_bases(cache_ptr, slot_ptr, page_stride, t, row_ok)
+        code_ptr = code_row[:, None, None]
+        scale_ptr = scale_row[:, None]
         _quantize_store(y00, y01, code_ptr, scale_ptr, ok, 0, PORTABLE)
         _quantize_store(y10, y11, code_ptr, scale_ptr, ok, 1, PORTABLE)
         _quantize_store(y20, y21, code_ptr, scale_ptr, ok, 2, PORTABLE)
@@ -189,7 +186,8 @@ def _insert_index_k_kernel(x_ptr, x_row_stride, n_rows, pos_ptr, w_ptr, cs_ptr, 
 def _launch_shape(rotary_dim: int, n: int, block_t: int | None,
                   num_warps: int | None) -> tuple[int, int]:
     """(BLOCK_T, num_warps) for a launch. ROT 64 / 128 map two threads to a token (offline
-    SM90 compile at 16 tokens / 1 warp: ~55 executed instructions per value, no barrier);
+    SM90 compile at 16 tokens / 1 warp: 62 SASS instructions per value, no barrier;
+    ``python -m benchmarks.sass_stats --elementwise``);
     4 tokens on one warp was the fastest measured launch of both paths (H200, 16K tokens:
     fast path 8.9 us at 4 / 1, 9.1 at 8 / 1, 10.1 at 16 / 1; the general path 13.8 us at
     4 / 1, 18.7 at 8 / 4). The interpreter takes larger tiles (``rows_per_program``)."""

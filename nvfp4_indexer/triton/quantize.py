@@ -25,6 +25,21 @@ def pair_dims():
 
 
 @triton.jit
+def paged_token_bases(cache_ptr, slot_ptr, page_stride, t, row_ok):
+    """Where tokens ``t [BT]`` (``row_ok`` masks rows past the end) go in the paged cache
+    (SPEC 2): ``slot = slot_ptr[t]``, skipped when negative; page ``slot // 128`` at byte
+    offset ``page * page_stride``. Returns ``(ok [BT], code pointers [BT] (byte 0 of the
+    token's 64 code bytes), scale pointers [BT] (its 8 scale bytes at 8192 + 8 * (slot %
+    128)))``, int64 addressing."""
+    slot = tl.load(slot_ptr + t, mask=row_ok, other=-1).to(tl.int64)
+    ok = row_ok & (slot >= 0)
+    slot = tl.where(ok, slot, 0)
+    page = (slot // 128) * page_stride
+    off = slot % 128
+    return ok, cache_ptr + (page + off * 64), cache_ptr + (page + 8192 + off * 8)
+
+
+@triton.jit
 def store_nvfp4_tokens(codes_ptr, scales_ptr, slot_ptr, page_stride, t, row_ok, codes, scales,
                        PAGED: tl.constexpr):
     """Store quantized tokens ``t [BT]`` (int32 row ids; ``row_ok [BT]`` masks rows past the
@@ -39,21 +54,14 @@ def store_nvfp4_tokens(codes_ptr, scales_ptr, slot_ptr, page_stride, t, row_ok, 
     j = tl.arange(0, 8)
     byte = g[None, :, None] * 8 + j[None, None, :]  # [1, 8, 8]
     if PAGED:
-        slot = tl.load(slot_ptr + t, mask=row_ok, other=-1).to(tl.int64)
-        ok = row_ok & (slot >= 0)
-        slot = tl.where(ok, slot, 0)
-        page = (slot // 128) * page_stride
-        off = slot % 128
-        code_base = page + off * 64
-        scale_base = page + 8192 + off * 8
-        scales_ptr = codes_ptr
+        ok, code_row, scale_row = paged_token_bases(codes_ptr, slot_ptr, page_stride, t, row_ok)
     else:
         ok = row_ok
         t64 = t.to(tl.int64)
-        code_base = t64 * 64
-        scale_base = t64 * 8
-    tl.store(codes_ptr + code_base[:, None, None] + byte, codes, mask=ok[:, None, None])
-    tl.store(scales_ptr + scale_base[:, None] + g[None, :], scales, mask=ok[:, None])
+        code_row = codes_ptr + t64 * 64
+        scale_row = scales_ptr + t64 * 8
+    tl.store(code_row[:, None, None] + byte, codes, mask=ok[:, None, None])
+    tl.store(scale_row[:, None] + g[None, :], scales, mask=ok[:, None])
 
 
 @triton.jit

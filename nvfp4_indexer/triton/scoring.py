@@ -138,15 +138,8 @@ def e4m3_round_operand(x_f16, DOT: tl.constexpr):
 # Low nibbles take the same steps on w << 4. Then * 2^14 and * scale (both exact, see
 # ``nvfp4_page_operands``), one RNE saturating conversion to E4M3 (NaN -> 0x7F, beyond +-448
 # -> +-448) and the exact widening back to fp16.
-_PTX_HEAD = """{
-.reg .b32 w4, x0, x1, x2, x3, k14;
-mov.b32 k14, 0x74007400;
-shl.b32 w4, $4, 4;
-prmt.b32 x0, w4, w4, 0xA280;
-prmt.b32 x1, $4, $4, 0xA280;
-prmt.b32 x2, w4, w4, 0xB391;
-prmt.b32 x3, $4, $4, 0xB391;
-shl.b32 x0, x0, 5;
+# Shared by both asm families: the permuted sign-replicated bytes in x0..x3 -> e2m1 values.
+_PTX_NIBBLES_TO_F16 = """shl.b32 x0, x0, 5;
 shl.b32 x1, x1, 5;
 shl.b32 x2, x2, 5;
 shl.b32 x3, x3, 5;
@@ -158,7 +151,17 @@ mul.rn.f16x2 x0, x0, k14;
 mul.rn.f16x2 x1, x1, k14;
 mul.rn.f16x2 x2, x2, k14;
 mul.rn.f16x2 x3, x3, k14;
-mul.rn.f16x2 x0, x0, $5;
+"""
+
+_PTX_HEAD = """{
+.reg .b32 w4, x0, x1, x2, x3, k14;
+mov.b32 k14, 0x74007400;
+shl.b32 w4, $4, 4;
+prmt.b32 x0, w4, w4, 0xA280;
+prmt.b32 x1, $4, $4, 0xA280;
+prmt.b32 x2, w4, w4, 0xB391;
+prmt.b32 x3, $4, $4, 0xB391;
+""" + _PTX_NIBBLES_TO_F16 + """mul.rn.f16x2 x0, x0, $5;
 mul.rn.f16x2 x1, x1, $5;
 mul.rn.f16x2 x2, x2, $5;
 mul.rn.f16x2 x3, x3, $5;
@@ -245,19 +248,7 @@ prmt.b32 x0, w4, $2, 0xC480;
 prmt.b32 x1, w4, $2, 0xD591;
 prmt.b32 x2, w4, $2, 0xE6A2;
 prmt.b32 x3, w4, $2, 0xF7B3;
-shl.b32 x0, x0, 5;
-shl.b32 x1, x1, 5;
-shl.b32 x2, x2, 5;
-shl.b32 x3, x3, 5;
-and.b32 x0, x0, 0x8E008E00;
-and.b32 x1, x1, 0x8E008E00;
-and.b32 x2, x2, 0x8E008E00;
-and.b32 x3, x3, 0x8E008E00;
-mul.rn.f16x2 x0, x0, k14;
-mul.rn.f16x2 x1, x1, k14;
-mul.rn.f16x2 x2, x2, k14;
-mul.rn.f16x2 x3, x3, k14;
-prmt.b32 s0, $3, $3, 0x1010;
+""" + _PTX_NIBBLES_TO_F16 + """prmt.b32 s0, $3, $3, 0x1010;
 prmt.b32 s1, $3, $3, 0x3232;
 mul.rn.f16x2 x0, x0, s0;
 mul.rn.f16x2 x1, x1, s0;
