@@ -20,7 +20,8 @@ against the default's, byte for byte (prefill: the selected pages, row for row):
   over rotated key / slot sets.
 
 A variant that fails (compile error, launch error, different output) is reported and the lab
-goes on. Results are printed as they come and as one table at the end.
+goes on. ``--variant NAME:KEY=VALUE,...`` adds a variant with any launcher keywords, so a row
+of an older lab log can be re-measured on the current code (the log names each run's commit). Results are printed as they come and as one table at the end.
 """
 
 from __future__ import annotations
@@ -79,6 +80,29 @@ def _record(part, case, variant, us, unit_value, unit, same, note=""):
         f"  same={same} {note}")
 
 
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``NAME:KEY=VALUE,...`` -> ``(NAME, {KEY: VALUE})``; integer values become ints."""
+    name, _, knobs = text.partition(":")
+    kw = {}
+    for item in filter(None, knobs.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise argparse.ArgumentTypeError(f"expected NAME:KEY=VALUE,..., got {text!r}")
+        kw[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return name, kw
+
+
+def _attempt(ctx, label: str, fn) -> bool:
+    """Run one variant; report a failure and go on. False once the CUDA context is broken."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - report and go on
+        log(f"{label}: FAILED {type(e).__name__}: {e}")
+        traceback.print_exc()
+        ctx.check_cuda()
+    return not ctx.cuda_broken
+
+
 def make_context(budget_s: float = 3600.0):
     """A ``benchmarks.suites.Context`` on the current GPU with both ceilings measured."""
     from . import suites
@@ -116,6 +140,13 @@ def ensure_pool(ctx, pages: int) -> None:
 # ------------------------------------------------------------------------------- prefill
 
 def prefill_part(ctx, variants: dict, cases=None) -> None:
+    from . import workloads as wl
+    for n, c, r in cases or PREFILL_CASES:
+        if not _prefill_case(ctx, wl.PrefillCase(n, c, r), variants):
+            return
+
+
+def _prefill_case(ctx, case, variants: dict) -> bool:
     import nvfp4_indexer as ni
     from nvfp4_indexer.constants import TOPK
     from nvfp4_indexer.triton import prefill as tp
@@ -123,81 +154,72 @@ def prefill_part(ctx, variants: dict, cases=None) -> None:
     from . import workloads as wl
     from .pool import random_index_q
     from .suites import _prefill_inputs
-    for n, c, r in cases or PREFILL_CASES:
-        case = wl.PrefillCase(n, c, r)
-        tr = wl.prefill_traffic(case)
-        _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
-        q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
-        mgp = ni.max_gather_pages(width * 128, case.new_tokens)
-        base_out = None
-        for name, kw in variants.items():
-            out = torch.full((case.new_tokens, case.num_heads, TOPK), -7, dtype=torch.int32,
-                             device=ctx.device)
-            try:
-                tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out, **kw)
-                torch.cuda.synchronize()
-                if base_out is None:
-                    base_out = out.clone()
-                same = float((out == base_out).all(-1).float().mean())
-                t = ctx.time_uncapturable([functools.partial(
-                    tp.prefill_indexer, q, ctx.pool.cache, bt, cu, seq, mgp, out, **kw)
-                    for bt in tables])
-                tflops = tr.flops / (t.us * 1e-6) / 1e12
-                _record("prefill", case.name, name, t.us, tflops, "TFLOP/s", f"{same:.4f}",
-                        f"{tflops / ctx.matmul_tflops:.1%} of fp8 mm")
-            except Exception as e:  # noqa: BLE001 - report and go on
-                log(f"prefill {case.name} {name}: FAILED {type(e).__name__}: {e}")
-                traceback.print_exc()
-                ctx.check_cuda()
-                if ctx.cuda_broken:
-                    return
+    tr = wl.prefill_traffic(case)
+    _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
+    q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
+    mgp = ni.max_gather_pages(width * 128, case.new_tokens)
+    base = {}
+
+    def run(name, kw):
+        out = torch.full((case.new_tokens, case.num_heads, TOPK), -7, dtype=torch.int32,
+                         device=ctx.device)
+        tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out, **kw)
+        torch.cuda.synchronize()
+        base.setdefault("out", out.clone())
+        same = float((out == base["out"]).all(-1).float().mean())
+        t = ctx.time_uncapturable([functools.partial(
+            tp.prefill_indexer, q, ctx.pool.cache, bt, cu, seq, mgp, out, **kw)
+            for bt in tables])
+        tflops = tr.flops / (t.us * 1e-6) / 1e12
+        _record("prefill", case.name, name, t.us, tflops, "TFLOP/s", f"{same:.4f}",
+                f"{tflops / ctx.matmul_tflops:.1%} of fp8 mm")
+
+    return all(_attempt(ctx, f"prefill {case.name} {name}", functools.partial(run, name, kw))
+               for name, kw in variants.items())
 
 
 # -------------------------------------------------------------------------------- gather
 
 def gather_part(ctx, variants: dict) -> None:
+    from . import workloads as wl
+    for n, c, r in GATHER_CASES:
+        if not _gather_case(ctx, wl.PrefillCase(n, c, r), variants):
+            return
+
+
+def _gather_case(ctx, case, variants: dict) -> bool:
     from nvfp4_indexer.reference.paging import history_pages
     from nvfp4_indexer.triton import gather as tg
 
     from . import workloads as wl
-    from .suites import _prefill_inputs
-    from .timing import rotation_slots
-    for n, c, r in GATHER_CASES:
-        case = wl.PrefillCase(n, c, r)
-        tr = wl.gather_traffic(case)
-        slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
-        pages_total = tr.history_pages
-        slots = max(2, min(slots, (8 << 30) // max(1, pages_total * 16384)))
-        sl, _width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
-        counts = history_pages(seq)
-        offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
-        offsets[1:] = torch.cumsum(counts, 0)
-        max_pages = int(counts.max())
-        wss = [torch.full((pages_total, 128, 128), 0x5A, dtype=torch.uint8, device=ctx.device)
-               for _ in range(slots)]
-        base_ws = None
-        for name, kw in variants.items():
-            try:
-                ws0 = wss[0]
-                ws0.fill_(0x5A)
-                tg.gather_into(ctx.pool.cache, tables[0], seq, offsets, ws0, max_pages, **kw)
-                torch.cuda.synchronize()
-                if base_ws is None:
-                    base_ws = ws0.clone()
-                same = bool(torch.equal(ws0, base_ws))
-                t = ctx.time_capturable([functools.partial(
-                    tg.gather_into, ctx.pool.cache, tables[i], seq, offsets, wss[i],
-                    max_pages, **kw) for i in range(slots)])
-                gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
-                _record("gather", case.name, name, t.us, gbps, "GB/s", same,
-                        f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
-            except Exception as e:  # noqa: BLE001
-                log(f"gather {case.name} {name}: FAILED {type(e).__name__}: {e}")
-                traceback.print_exc()
-                ctx.check_cuda()
-                if ctx.cuda_broken:
-                    return
-        wss.clear()
+    from .suites import _prefill_inputs, gather_slots
+    tr = wl.gather_traffic(case)
+    slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
+    sl, _width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
+    counts = history_pages(seq)
+    offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    max_pages = int(counts.max())
+    wss = [torch.full((tr.history_pages, 128, 128), 0x5A, dtype=torch.uint8,
+                      device=ctx.device) for _ in range(slots)]
+    base = {}
+
+    def run(name, kw):
+        ws0 = wss[0]
+        ws0.fill_(0x5A)
+        tg.gather_into(ctx.pool.cache, tables[0], seq, offsets, ws0, max_pages, **kw)
+        torch.cuda.synchronize()
+        base.setdefault("ws", ws0.clone())
+        same = bool(torch.equal(ws0, base["ws"]))
+        t = ctx.time_capturable([functools.partial(
+            tg.gather_into, ctx.pool.cache, tables[i], seq, offsets, wss[i],
+            max_pages, **kw) for i in range(slots)])
+        gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
+        _record("gather", case.name, name, t.us, gbps, "GB/s", same,
+                f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+
+    return all(_attempt(ctx, f"gather {case.name} {name}", functools.partial(run, name, kw))
+               for name, kw in variants.items())
 
 
 # -------------------------------------------------------------------------------- insert
@@ -206,48 +228,31 @@ def insert_part(ctx, variants: dict) -> None:
     from nvfp4_indexer.triton import insert as ti
 
     from . import workloads as wl
-    from .pool import PagePool, random_keys
-    from .suites import rope_cache
+    from .suites import insert_inputs
     from .timing import rotation_slots
     case = wl.InsertCase()
     tr = wl.insert_traffic(case)
-    dev = ctx.device
     slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
-    pool = PagePool(case.cache_pages, dev, seed=5, log=log)
-    gen = ctx.gen(case.name)
-    cpu_gen = torch.Generator().manual_seed(17)
-    weight = (0.1 * torch.randn(128, device=dev, generator=gen)).float()
-    cos_sin = rope_cache(case.max_position, case.rotary_dim, dev)
-    inputs = []
-    for _ in range(slots):
-        k = random_keys(case.tokens, dev, gen, pool.channel_scale, torch.bfloat16)
-        pos = torch.randint(0, case.max_position, (case.tokens,), device=dev, generator=gen)
-        slot = torch.randperm(case.cache_tokens, generator=cpu_gen)[:case.tokens].to(dev)
-        inputs.append((k, pos, slot))
-    base = None
+    pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
+    base = {}
     start = pool.cache.clone()
+
+    def run(name, kw):
+        pool.cache.copy_(start)
+        ti.insert_index_k(pool.cache, *inputs[0], weight, cos_sin, case.rotary_dim, 1e-6, **kw)
+        torch.cuda.synchronize()
+        base.setdefault("cache", pool.cache.clone())
+        same = bool(torch.equal(pool.cache, base["cache"]))
+        t = ctx.time_capturable([functools.partial(
+            ti.insert_index_k, pool.cache, *x, weight, cos_sin, case.rotary_dim, 1e-6, **kw)
+            for x in inputs])
+        gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
+        _record("insert", case.name, name, t.us, gbps, "GB/s", same,
+                f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+
     for name, kw in variants.items():
-        try:
-            pool.cache.copy_(start)
-            k, pos, slot = inputs[0]
-            ti.insert_index_k(pool.cache, k, pos, slot, weight, cos_sin, case.rotary_dim, 1e-6,
-                              **kw)
-            torch.cuda.synchronize()
-            if base is None:
-                base = pool.cache.clone()
-            same = bool(torch.equal(pool.cache, base))
-            t = ctx.time_capturable([functools.partial(
-                ti.insert_index_k, pool.cache, *x, weight, cos_sin, case.rotary_dim, 1e-6, **kw)
-                for x in inputs])
-            gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
-            _record("insert", case.name, name, t.us, gbps, "GB/s", same,
-                    f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
-        except Exception as e:  # noqa: BLE001
-            log(f"insert {name}: FAILED {type(e).__name__}: {e}")
-            traceback.print_exc()
-            ctx.check_cuda()
-            if ctx.cuda_broken:
-                return
+        if not _attempt(ctx, f"insert {name}", functools.partial(run, name, kw)):
+            return
 
 
 def main(argv=None) -> int:
@@ -256,6 +261,10 @@ def main(argv=None) -> int:
     ap.add_argument("--all-cases", action="store_true",
                     help="prefill: every WORKLOADS.md prefill case, not the five default ones")
     ap.add_argument("--variants", default=None, help="comma-separated subset of the variants")
+    ap.add_argument("--variant", action="append", default=[], type=parse_variant,
+                    metavar="NAME:KEY=VALUE,...",
+                    help="an extra variant of the part's launcher, e.g. 'm64:block_m=64' or "
+                         "'tb32:tok_block=32,page_parts=1,num_warps=4' (repeatable)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("knob_lab: needs a CUDA GPU")
@@ -274,6 +283,7 @@ def main(argv=None) -> int:
                     "insert": INSERT_VARIANTS}[part]
         if args.variants:
             variants = {k: variants[k] for k in args.variants.split(",")}
+        variants = {**variants, **dict(args.variant)}
         if part == "prefill":
             from .workloads import prefill_cases
             cases = ([(c.new_tokens, c.context, c.num_reqs) for c in prefill_cases()]

@@ -7,6 +7,7 @@ instructions) and the ``F2FP`` conversion count::
 
     python -m benchmarks.sass_stats                       # the decode/prefill defaults
     python -m benchmarks.sass_stats --window 1 --maxnreg 128
+    python -m benchmarks.sass_stats --elementwise          # gather and insert kernels
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
@@ -66,6 +67,55 @@ def compile_prefill(*, heads=4, block_m=128, num_splits=2, dot="fp16", window=32
                     num_warps, num_stages, maxnreg)
 
 
+GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_stride="i32",
+                    len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32")
+INSERT_TYPES = dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32", pos_ptr="*i64",
+                    w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
+                    eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32")
+
+
+def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1):
+    """The gather kernel for SM90 with the given launch options."""
+    from nvfp4_indexer.triton.gather import _gather_kernel
+    consts = dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=tok_block, DEQUANT=dequant,
+                  PAGE_PARTS=page_parts)
+    return _compile(_gather_kernel, GATHER_TYPES, consts,
+                    ("cache_ptr", "page_stride", "ws_ptr"), num_warps, 1, None)
+
+
+def compile_insert(*, rotary_dim=64, block_t=4, num_warps=1):
+    """The fused insert kernel for SM90, specialized as a launch with contiguous bf16 keys
+    and cos/sin cache gets it (16-divisible strides, aligned pointers)."""
+    from nvfp4_indexer.triton.insert import _insert_index_k_kernel
+    consts = dict(ROT=rotary_dim, PORTABLE=False, BLOCK_T=block_t, cs_stride1=1)
+    return _compile(_insert_index_k_kernel, INSERT_TYPES, consts,
+                    ("x_ptr", "x_row_stride", "pos_ptr", "w_ptr", "cs_ptr", "cs_stride0",
+                     "cache_ptr", "slot_ptr", "page_stride"), num_warps, 1, None)
+
+
+def elementwise_report() -> list[str]:
+    """Static SASS sizes of the gather and insert kernels (no loops: every instruction runs
+    once per program, except the rarely taken slow paths of IEEE division / sqrt)."""
+    lines = []
+    for dequant, tb, parts, nw in (("ptx", 16, 8, 1), ("triton", 16, 8, 1),
+                                   ("ptx", 32, 1, 4), ("triton", 32, 1, 4)):
+        st = sass_stats(compile_gather(dequant=dequant, tok_block=tb, page_parts=parts,
+                                       num_warps=nw))
+        per_thread_values = 128 * 128 // parts // (32 * nw)
+        lines.append(f"gather  dequant {dequant:6s} tok_block {tb} page_parts {parts} warps {nw}: "
+                     f"{st['registers']} registers, {st['instructions']} SASS instructions per "
+                     f"program = {8 * st['instructions'] / per_thread_values:.1f} per 8 values "
+                     f"per thread")
+    for rot, bt, nw in ((64, 4, 1), (64, 16, 1), (128, 4, 1), (96, 4, 1)):
+        st = sass_stats(compile_insert(rotary_dim=rot, block_t=bt, num_warps=nw))
+        per_value = st["instructions"] * 32 * nw / (bt * 128)
+        lines.append(f"insert  rotary_dim {rot:3d} block_t {bt:2d} warps {nw}: "
+                     f"{st['registers']} registers, {st['local_bytes']} B local, "
+                     f"{st['instructions']} SASS instructions per program = {per_value:.1f} "
+                     f"thread-instructions per value")
+    return lines
+
+
 def _tool(name: str) -> str:
     import triton
     hits = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
@@ -106,10 +156,16 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=None, help="WINDOW (default: 64 and 1)")
     ap.add_argument("--maxnreg", type=int, default=None)
     ap.add_argument("--dequant", default="ptx", help="decode DEQUANT constexpr")
+    ap.add_argument("--elementwise", action="store_true",
+                    help="the gather and insert kernels instead of the score kernels")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
+    if args.elementwise:
+        for line in elementwise_report():
+            print(line, flush=True)
+        return 0
     windows = (args.window,) if args.window else (64, 1)
     for w in windows:
         for name, k in (

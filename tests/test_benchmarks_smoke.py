@@ -296,3 +296,16 @@ def test_profile_decode_needs_a_gpu():
         pytest.skip("a GPU is present")
     from benchmarks import profile_decode
     assert profile_decode.main(["1", "4000", "window=1"]) == 2
+
+
+def test_knob_lab_parse_variant():
+    """``--variant NAME:KEY=VALUE,...`` of benchmarks.knob_lab: ints parsed, bad items refused."""
+    import argparse
+
+    from benchmarks.knob_lab import parse_variant
+    assert parse_variant("tb32:tok_block=32,dequant=ptx,page_parts=1") == (
+        "tb32", {"tok_block": 32, "dequant": "ptx", "page_parts": 1})
+    assert parse_variant("base:") == ("base", {})
+    for bad in ("x:block_m", "x:=3", "x:a=1,b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_variant(bad)

@@ -352,14 +352,25 @@ for mode, window in (("ptx", 64), ("ptx_arith", 32), ("triton", 64)):
     st = sass_stats(k)
     assert st["local_bytes"] == 0 and any(hg for _, hg in st["loops"]), (mode, st)
     print("ok", mode, st["registers"], [n for n, hg in st["loops"] if hg])
+from benchmarks.sass_stats import elementwise_report
+lines = elementwise_report()  # gather (ptx / triton) and insert kernels
+per8 = {ln.split(":")[0]: float(ln.split("= ")[1].split()[0]) for ln in lines
+        if ln.startswith("gather")}
+ptx16 = next(v for k, v in per8.items() if "ptx" in k and "tok_block 16" in k)
+tri16 = next(v for k, v in per8.items() if "triton" in k and "tok_block 16" in k)
+assert ptx16 * 3 < tri16, per8  # the inline-PTX gather path is the cheap one
+assert all(" 0 B local" in ln for ln in lines if ln.startswith("insert")), lines
+print("ok elementwise", len(lines))
 '''
 
 
 def test_decode_ptx_modes_compile_offline_for_sm90():
     """The decode kernel compiles to SM90 PTX + cubin (bundled ptxas) in every dequant mode,
     with wgmma, no spills and a page loop holding the HGMMAs (``benchmarks.sass_stats``, the
-    tool behind the instruction counts in docs/benchmarks.md); runs in a subprocess (this
-    process may have interpreted kernels)."""
+    tool behind the instruction counts in docs/benchmarks.md), and so do the gather and
+    insert kernels (``--elementwise``: the PTX gather path issues under a third of the
+    Triton-ops path's instructions, no insert spills); runs in a subprocess (this process may
+    have interpreted kernels)."""
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
         from triton.backends.nvidia import compiler  # noqa: F401
@@ -372,7 +383,7 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is unavailable")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 3, proc.stdout
+    assert proc.stdout.count("ok ") == 4, proc.stdout
 
 
 _INTERP_SCRIPT = r'''
