@@ -28,7 +28,7 @@ from .report import render_all, write_json
 from .suites import (SUITE_FUNCS, SUITE_ORDER, Context, pool_pages_for, run_suite,
                      suite_cases, summarize)
 from .timing import (GRAPH_CALLS, REPLAYS, WARMUP, L2Flush, copy_ceiling, environment,
-                     fp8_matmul_ceiling, l2_bytes)
+                     fp8_matmul_ceiling, l2_bytes, mm16_matmul_ceiling, stream_ceilings)
 
 SMOKE_L2_BYTES = 64 * 1024  # stand-in "L2" so the smoke run exercises slot rotation
 DEFAULT_BUDGET_S = {"all": 320.0, "quick": 80.0, "smoke": 120.0}
@@ -130,11 +130,22 @@ def main(argv=None) -> int:
     results["ceilings"]["copy"] = copy_ceiling(device)
     ctx.copy_gbps = results["ceilings"]["copy"]["gbps"]
     log(f"  copy: {ctx.copy_gbps:.0f} GB/s (read + write)")
+    log("ceiling: read-only (x.sum()) and write-only (y.fill_) bandwidth ...")
+    results["ceilings"]["stream"] = st = stream_ceilings(device)
+    ctx.read_gbps, ctx.write_gbps = st["read_gbps"], st["write_gbps"]
+    log(f"  read-only: {ctx.read_gbps:.0f} GB/s, write-only: {ctx.write_gbps:.0f} GB/s")
     log("ceiling: FP8 matmul (torch._scaled_mm) ...")
     results["ceilings"]["fp8_matmul"] = mm = fp8_matmul_ceiling(device)
     ctx.matmul_tflops = mm["tflops"]
     log(f"  fp8 matmul: {mm['tflops'] or float('nan'):.1f} TFLOP/s ({mm['best']})"
         + (" [fp32 stand-in]" if mm["stand_in"] else ""))
+    log("ceiling: 16-bit matmul (torch.matmul fp16 / bf16) ...")
+    results["ceilings"]["mm16_matmul"] = m16 = mm16_matmul_ceiling(device)
+    ctx.mm16_tflops = m16["tflops"]
+    per_dtype = ", ".join(f"{k} {v['tflops']:.1f}" if "tflops" in v else f"{k} failed"
+                          for k, v in m16["variants"].items())
+    log(f"  16-bit matmul: {m16['tflops'] or float('nan'):.1f} TFLOP/s ({m16['best']}; "
+        f"{per_dtype})" + (" [fp32 stand-in]" if m16["stand_in"] else ""))
     flush_bytes = max(2 * l2, 256 << 20) if device.type == "cuda" else 4 * l2
     ctx.flush = L2Flush(device, flush_bytes)
     results["protocol"]["eager_flush_bytes"] = flush_bytes

@@ -12,9 +12,9 @@ eager calls after an L2 flush where it syncs the host) and checks every variant'
 against the default's, byte for byte (prefill: the selected pages, row for row):
 
 - prefill: ``triton.prefill.prefill_indexer`` with ``block_m`` (rows per score program),
-  ``num_warps`` and ``num_stages``; eager (it plans on the host).
-- gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block``, ``num_warps`` and
-  ``page_parts``;
+  ``tokens_on_n``, ``dot``, ``num_warps`` and ``num_stages``; eager (it plans on the host).
+- gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block``, ``num_warps``,
+  ``page_parts`` and ``streaming`` (cache hints);
   graph replays, every slot with its own workspace.
 - insert: ``triton.insert.insert_index_k`` with ``block_t`` and ``num_warps``; graph replays
   over rotated key / slot sets.
@@ -37,10 +37,11 @@ START = time.monotonic()
 
 PREFILL_VARIANTS = {
     "base": {},
+    "tokens m": {"tokens_on_n": False},
     "m64": {"block_m": 64},
+    "m64 tokens m": {"block_m": 64, "tokens_on_n": False},
     "st3": {"num_stages": 3},
     "fp8 dot": {"dot": "fp8"},
-    "m64 fp8 dot": {"block_m": 64, "dot": "fp8"},
 }
 PREFILL_CASES = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1),
                  (1_024, 131_072, 1), (16_384, 0, 1)]  # (new tokens, context, requests)
@@ -54,6 +55,7 @@ GATHER_VARIANTS = {
     "parts4 w2": {"page_parts": 4, "num_warps": 2},
     "parts8 w1": {"page_parts": 8, "num_warps": 1},
     "tb32": {"tok_block": 32},
+    "no stream": {"streaming": False},
 }
 GATHER_CASES = [(16_384, 131_072, 4), (1_024, 131_072, 4), (4_096, 131_072, 1),
                 (16_384, 32_768, 4), (1_024, 32_768, 1)]

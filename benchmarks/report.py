@@ -84,6 +84,7 @@ PREFILL_COLS = [
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
     ("TFLOP/s", lambda r: _f(r.get("tflops"))),
     ("% fp8 mm", lambda r: _pct(r.get("matmul_ratio"))),
+    ("% 16-bit mm", lambda r: _pct(r.get("mm16_ratio"))),
     ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
     ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
     ("ref ms", _ref_ms),
@@ -97,6 +98,7 @@ GATHER_COLS = [
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
     ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
     ("% copy", lambda r: _pct(r.get("copy_ratio"))),
+    ("% mix", lambda r: _pct(r.get("mix_ratio"))),
     ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
     ("ref ms", _ref_ms),
     ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
@@ -110,6 +112,7 @@ INSERT_COLS = [
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
     ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
     ("% copy", lambda r: _pct(r.get("copy_ratio"))),
+    ("% mix", lambda r: _pct(r.get("mix_ratio"))),
     ("method", lambda r: r["timing"]["method"]),
     ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
     ("ref ms", _ref_ms),
@@ -165,14 +168,21 @@ def summary_lines(suite: str, summary: dict, results: dict) -> list[str]:
         out.append(f"{summary['target_case']}: {summary['target_case_us']:.2f} us/call "
                    f"(target <= 6 us: {'met' if summary['target_le_6us'] else 'NOT met'})")
     if "largest_case_matmul_ratio" in summary:
+        mm16 = "mm16_ratio_max" in summary  # absent from runs before the 16-bit ceiling
         out.append(f"largest case {summary['largest_case']}: "
-                   f"{_pct(summary['largest_case_matmul_ratio'])} of the FP8 matmul rate; "
-                   f"best {_pct(summary['matmul_ratio_max'])}; cases >= 50%: "
-                   f"{summary['cases_at_or_above_50pct']}")
+                   f"{_pct(summary['largest_case_matmul_ratio'])} of the FP8 matmul rate"
+                   + (f" ({_pct(summary['largest_case_mm16_ratio'])} of the 16-bit matmul "
+                      "rate)" if mm16 else "")
+                   + f"; best {_pct(summary['matmul_ratio_max'])}"
+                   + (f" ({_pct(summary['mm16_ratio_max'])} of 16-bit)" if mm16 else "")
+                   + f"; cases >= 50%: {summary['cases_at_or_above_50pct']}")
     if "largest_case_copy_ratio" in summary:
+        mix = summary.get("largest_case_mix_ratio")
         out.append(f"largest case {summary['largest_case']}: "
-                   f"{_pct(summary['largest_case_copy_ratio'])} of copy bandwidth; "
-                   f"cases >= 80%: {summary['cases_at_or_above_80pct']}")
+                   f"{_pct(summary['largest_case_copy_ratio'])} of copy bandwidth"
+                   + (f" ({_pct(mix)} of the read/write mix ceiling)" if mix is not None
+                      else "")
+                   + f"; cases >= 80%: {summary['cases_at_or_above_80pct']}")
     if summary.get("speedup_geomean"):
         out.append(f"speedup vs the PyTorch reference (geometric mean over timed cases): "
                    f"{summary['speedup_geomean']:.0f}x")
@@ -184,6 +194,10 @@ def env_lines(results: dict) -> list[str]:
     c = results.get("ceilings", {})
     copy = (c.get("copy") or {}).get("gbps")
     mm = c.get("fp8_matmul") or {}
+    st = c.get("stream") or {}
+    m16 = c.get("mm16_matmul") or {}
+    m16_dtypes = ", ".join(f"{k} {_f(v.get('tflops'), '{:.0f}')}"
+                           for k, v in (m16.get("variants") or {}).items())
     lines = [
         f"mode: {results.get('mode')}{' (quick subset)' if results.get('quick') else ''}",
         f"device: {env.get('gpu') or env.get('cpu')} "
@@ -195,9 +209,15 @@ def env_lines(results: dict) -> list[str]:
         f"commit {env.get('git_commit') or 'unknown'}"
         f"{' (dirty)' if env.get('git_dirty') else ''}, sources sha256 "
         f"{env.get('source_sha256_16')}, date {env.get('date_utc')}",
-        f"ceilings: device-to-device copy {_f(copy, '{:.0f}')} GB/s (read + write); "
-        f"FP8 matmul ({mm.get('best')}) {_f(mm.get('tflops'), '{:.0f}')} TFLOP/s"
-        + (" [fp32 stand-in]" if mm.get("stand_in") else ""),
+        f"ceilings: device-to-device copy {_f(copy, '{:.0f}')} GB/s (read + write)"
+        # the read / write and 16-bit ceilings are absent from runs recorded before them
+        + (f", read-only {_f(st.get('read_gbps'), '{:.0f}')} GB/s, "
+           f"write-only {_f(st.get('write_gbps'), '{:.0f}')} GB/s" if st else "")
+        + f"; FP8 matmul ({mm.get('best')}) {_f(mm.get('tflops'), '{:.0f}')} TFLOP/s"
+        + (" [fp32 stand-in]" if mm.get("stand_in") else "")
+        + (f"; 16-bit matmul ({m16.get('best')}) {_f(m16.get('tflops'), '{:.0f}')} TFLOP/s "
+           f"({m16_dtypes})" if m16 else "")
+        + (" [fp32 stand-in]" if m16.get("stand_in") else ""),
     ]
     if results.get("mode") == "cpu-smoke":
         lines.insert(0, "CPU SMOKE RUN: tiny inputs, reference backend - NOT a measurement")
@@ -263,8 +283,9 @@ _STYLE = {"decode-full": ("o", "tab:blue"), "decode-lowlat": ("v", "tab:cyan"),
 
 def roofline(results: dict, path: Path) -> Path:
     """Two panels: (left) roofline - achieved TFLOP/s against arithmetic intensity with the
-    measured copy-bandwidth slope and FP8 matmul roof; (right) achieved GB/s against bytes moved
-    per call with the copy ceiling and the 85 / 80 / 75 % lines. Saved as PNG."""
+    measured copy-bandwidth slope and the FP8 (solid) and 16-bit (dashed) matmul roofs;
+    (right) achieved GB/s against bytes moved per call with the copy ceiling and the 85 / 80 /
+    75 % lines. Saved as PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -272,6 +293,7 @@ def roofline(results: dict, path: Path) -> Path:
     c = results.get("ceilings", {})
     copy = (c.get("copy") or {}).get("gbps")
     mm = (c.get("fp8_matmul") or {}).get("tflops")
+    mm16 = (c.get("mm16_matmul") or {}).get("tflops")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     xs_all = []
     for suite, data in results.get("suites", {}).items():
@@ -291,6 +313,9 @@ def roofline(results: dict, path: Path) -> Path:
         x = np.geomspace(lo, hi, 200)
         ax1.plot(x, np.minimum(mm, copy * x / 1e3), "k-", lw=1.2,
                  label=f"roof: copy {copy:.4g} GB/s, FP8 matmul {mm:.4g} TFLOP/s")
+        if mm16:
+            ax1.plot(x, np.minimum(mm16, copy * x / 1e3), "k--", lw=1,
+                     label=f"roof: copy, 16-bit matmul {mm16:.4g} TFLOP/s")
     ax1.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / necessary byte)",
             ylabel="achieved TFLOP/s (2*128*rows*tokens scored / time)", title="Roofline")
     ax1.grid(True, which="both", alpha=0.3)

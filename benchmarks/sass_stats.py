@@ -58,11 +58,11 @@ def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", de
 
 
 def compile_prefill(*, heads=4, block_m=128, num_splits=2, dot="fp16", window=32, keep=16,
-                    num_warps=4, num_stages=2, maxnreg=None):
+                    num_warps=4, num_stages=2, maxnreg=None, tokens_on_n=True):
     """The prefill score kernel for SM90 (a ``triton.compile`` result)."""
     from nvfp4_indexer.triton.prefill import _prefill_score_kernel
     consts = dict(H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot, WINDOW=window,
-                  KEEP=keep)
+                  KEEP=keep, TOKENS_N=tokens_on_n)
     return _compile(_prefill_score_kernel, PREFILL_TYPES, consts, ("q_ptr", "ws_ptr"),
                     num_warps, num_stages, maxnreg)
 
@@ -74,11 +74,11 @@ INSERT_TYPES = dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32", pos_ptr="*i
                     eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32")
 
 
-def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1):
+def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1, streaming=True):
     """The gather kernel for SM90 with the given launch options."""
     from nvfp4_indexer.triton.gather import _gather_kernel
     consts = dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=tok_block, DEQUANT=dequant,
-                  PAGE_PARTS=page_parts)
+                  PAGE_PARTS=page_parts, STREAM=streaming)
     return _compile(_gather_kernel, GATHER_TYPES, consts,
                     ("cache_ptr", "page_stride", "ws_ptr"), num_warps, 1, None)
 

@@ -34,8 +34,8 @@ from nvfp4_indexer.reference.paging import read_blocks
 
 from . import workloads as wl
 from .pool import PagePool, random_index_q, random_keys
-from .timing import (L2Flush, Timing, rotation_slots, sync, time_eager, time_graph,
-                     time_host)
+from .timing import (L2Flush, Timing, mix_ceiling_gbps, rotation_slots, sync, time_eager,
+                     time_graph, time_host)
 
 POISON = -7  # never a valid output value (outputs are >= -1)
 
@@ -46,6 +46,11 @@ TARGET_LOWLAT_US = 6.0
 TARGET_LOWLAT_CASE = "b1_s32000_q8_h4"
 TARGET_PREFILL_MATMUL = 0.50
 TARGET_COPY_GATHER_INSERT = 0.80
+
+# The parts of workloads.Traffic.parts that a gather / insert call writes; every other part is
+# read. Traffic keeps no read / write split, so the split is derived here from the part names
+# (gather: the FP8 workspace; insert: the 72 B per token written into the pages).
+WRITTEN_PARTS = {"gather": ("workspace",), "insert": ("writes",)}
 
 
 @dataclass
@@ -64,7 +69,10 @@ class Context:
     ref_max_pages_bytes: int = 64_000_000
     ref_max_flops: float = 2.5e12
     copy_gbps: float | None = None
-    matmul_tflops: float | None = None
+    matmul_tflops: float | None = None  # FP8 _scaled_mm ceiling
+    mm16_tflops: float | None = None  # 16-bit (fp16 / bf16) matmul ceiling
+    read_gbps: float | None = None  # read-only DRAM ceiling (stream_ceilings)
+    write_gbps: float | None = None  # write-only DRAM ceiling
     pool: PagePool | None = None
     flush: L2Flush | None = None
     seed: int = 0
@@ -143,7 +151,20 @@ def _gbps(nbytes: int, us: float) -> float:
     return nbytes / (us * 1e-6) / 1e9
 
 
-def _finish(ctx: Context, rec: dict, t, nbytes: int, flops: int) -> dict:
+def written_bytes(suite: str, parts: dict) -> int:
+    """Bytes a ``suite`` ("gather" / "insert") call writes: the sum of its ``WRITTEN_PARTS``
+    of ``Traffic.parts`` (bytes); the rest of ``bytes_moved`` is read.
+
+    Raises:
+        KeyError: a written part missing from ``parts`` (the traffic model was renamed).
+    """
+    return sum(parts[k] for k in WRITTEN_PARTS[suite])
+
+
+def _finish(ctx: Context, rec: dict, t, nbytes: int, flops: int,
+            bytes_written: int | None = None) -> dict:
+    """Timing, GB/s, TFLOP/s and the ratios to the ceilings. ``bytes_written`` (of
+    ``nbytes``; gather / insert) adds the read / write split and the mix ceiling."""
     rec["us"] = t.us
     rec["timing"] = t.as_dict()
     rec["gbps"] = _gbps(nbytes, t.us)
@@ -151,6 +172,13 @@ def _finish(ctx: Context, rec: dict, t, nbytes: int, flops: int) -> dict:
     rec["tflops"] = flops / (t.us * 1e-6) / 1e12 if flops else 0.0
     rec["matmul_ratio"] = (rec["tflops"] / ctx.matmul_tflops
                            if flops and ctx.matmul_tflops else None)
+    rec["mm16_ratio"] = rec["tflops"] / ctx.mm16_tflops if flops and ctx.mm16_tflops else None
+    if bytes_written is not None:
+        rec["bytes_read"], rec["bytes_written"] = nbytes - bytes_written, bytes_written
+        mix = (mix_ceiling_gbps(nbytes - bytes_written, bytes_written, ctx.read_gbps,
+                                ctx.write_gbps) if ctx.read_gbps and ctx.write_gbps else None)
+        rec["mix_ceiling_gbps"] = mix
+        rec["mix_ratio"] = rec["gbps"] / mix if mix else None
     if rec.get("ref_us"):
         rec["speedup"] = rec["ref_us"] / t.us
     return rec
@@ -390,7 +418,7 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
         cache, bt, seq, backend=ctx.fast_backend) for bt in tables], max_samples=5)
     rec["api_us"] = api.us
     rec["api_timing"] = api.as_dict()
-    return _finish(ctx, rec, t, tr.bytes_moved, 0)
+    return _finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("gather", tr.parts))
 
 
 def rope_cache(max_position: int, rotary_dim: int, device, dtype=torch.bfloat16):
@@ -467,7 +495,7 @@ def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
         cache, x[0], x[1], x[2], weight, cos_sin, rotary_dim=rd, eps=eps,
         backend=ctx.fast_backend) for x in inputs], max_samples=5)
     rec["api_us"] = api.us
-    return _finish(ctx, rec, t, tr.bytes_moved, 0)
+    return _finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("insert", tr.parts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,11 +540,17 @@ def one_line(rec: dict) -> str:
         return rec.get("status", "?")
     s = f"{rec['us']:.2f} us, {rec['gbps']:.0f} GB/s"
     if rec.get("copy_ratio") is not None:
-        s += f" ({100 * rec['copy_ratio']:.0f}% copy)"
+        s += f" ({100 * rec['copy_ratio']:.0f}% copy"
+        if rec.get("mix_ratio") is not None:
+            s += f", {100 * rec['mix_ratio']:.0f}% mix"
+        s += ")"
     if rec.get("tflops"):
         s += f", {rec['tflops']:.1f} TFLOP/s"
         if rec.get("matmul_ratio") is not None:
-            s += f" ({100 * rec['matmul_ratio']:.0f}% fp8 mm)"
+            s += f" ({100 * rec['matmul_ratio']:.0f}% fp8 mm"
+            if rec.get("mm16_ratio") is not None:
+                s += f", {100 * rec['mm16_ratio']:.0f}% 16-bit mm"
+            s += ")"
     if rec.get("speedup"):
         s += f", {rec['speedup']:.1f}x vs reference"
     s += f" [{rec['timing']['method']}, {rec['wall_s']:.1f}s]"
@@ -576,12 +610,17 @@ def summarize(suite: str, recs: list[dict], ctx: Context, expected: int) -> dict
             s["largest_case"] = top["name"]
             s["largest_case_matmul_ratio"] = top.get("matmul_ratio")
             s["cases_at_or_above_50pct"] = sum(x >= TARGET_PREFILL_MATMUL for x in ratios)
+        mm16 = [r["mm16_ratio"] for r in ok if r.get("mm16_ratio") is not None]
+        if mm16:  # share of the 16-bit matmul rate (the exact path's fp16 tensor cores)
+            s["mm16_ratio_max"] = max(mm16)
+            s["largest_case_mm16_ratio"] = max(ok, key=lambda r: r["flops"]).get("mm16_ratio")
     elif suite in ("gather", "insert"):
         ratios = [r["copy_ratio"] for r in ok if r.get("copy_ratio") is not None]
         if ratios:
             top = max(ok, key=lambda r: r["bytes_moved"])
             s["largest_case"] = top["name"]
             s["largest_case_copy_ratio"] = top.get("copy_ratio")
+            s["largest_case_mix_ratio"] = top.get("mix_ratio")  # an extra column, no target
             s["cases_at_or_above_80pct"] = sum(x >= TARGET_COPY_GATHER_INSERT for x in ratios)
     return s
 

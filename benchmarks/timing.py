@@ -9,7 +9,11 @@
   cache (as ``triton.testing.do_bench`` does); median over the samples.
 - ``time_host``: wall clock with a device sync, for the slow PyTorch reference.
 - ``copy_ceiling``: device-to-device copy, bytes read + bytes written per second.
+- ``stream_ceilings``: read-only (``x.sum()``) and write-only (``y.fill_``) DRAM bandwidth,
+  bytes / time each; ``mix_ceiling_gbps`` combines them for a kernel's read / write split.
 - ``fp8_matmul_ceiling``: ``torch._scaled_mm`` E4M3 x E4M3 -> bf16 (cuBLAS), 2*M*N*K / time.
+- ``mm16_matmul_ceiling``: ``torch.matmul`` fp16 and bf16 (cuBLAS, 16-bit tensor cores, half
+  the FP8 peak), 2*M*N*K / time.
 - ``environment``: GPU, driver, versions, commit, date.
 
 On a CPU device (``--cpu-smoke``) the same functions run with ``time.perf_counter`` and no
@@ -19,6 +23,7 @@ graphs; such numbers prove the code paths work and are never reported as measure
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import os
 import platform
@@ -246,17 +251,72 @@ def copy_ceiling(device: torch.device, nbytes: int | None = None) -> dict:
     gen = torch.Generator(device=device).manual_seed(7)
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device, generator=gen)
     dst = torch.empty_like(src)
-    fn = lambda: dst.copy_(src)  # noqa: E731
-    timings = {"graph": _time_ceiling(fn, device, calls=4, replays=15)}
-    if cuda:
-        timings["eager"] = time_eager([fn], device, warmup=2, max_samples=15, min_samples=15,
-                                      max_seconds=1.0)
+    res = _bandwidth(lambda: dst.copy_(src), device, 2 * nbytes)
     if not torch.equal(dst[:4096], src[:4096]):
         raise RuntimeError("copy ceiling: the copy did not copy")
-    gbps = {k: 2 * nbytes / (t.us * 1e-6) / 1e9 for k, t in timings.items()}
+    return {"bytes_per_copy": nbytes, **res}
+
+
+def _bandwidth(fn: Callable[[], object], device: torch.device, nbytes: int) -> dict:
+    """GB/s = ``nbytes`` / median time of ``fn``: captured in a CUDA graph and (CUDA only)
+    eagerly with events, the faster of the two (see ``copy_ceiling``); CPU: perf_counter.
+    Returns ``{"gbps", "method", "gbps_by_method", "timing"}``."""
+    timings = {"graph": _time_ceiling(fn, device, calls=4, replays=15)}
+    if device.type == "cuda":
+        timings["eager"] = time_eager([fn], device, warmup=2, max_samples=15, min_samples=15,
+                                      max_seconds=1.0)
+    gbps = {k: nbytes / (t.us * 1e-6) / 1e9 for k, t in timings.items()}
     best = max(gbps, key=gbps.get)
-    return {"bytes_per_copy": nbytes, "gbps": gbps[best], "method": best,
-            "gbps_by_method": gbps, "timing": timings[best].as_dict()}
+    return {"gbps": gbps[best], "method": best, "gbps_by_method": gbps,
+            "timing": timings[best].as_dict()}
+
+
+def stream_ceilings(device: torch.device, nbytes: int | None = None) -> dict:
+    """Read-only and write-only DRAM bandwidth over a float32 buffer of ``nbytes`` bytes
+    (2 GiB on CUDA, 1 MiB on CPU): read = ``x.sum()`` of uniform random values, write =
+    ``y.fill_(1.5)``, each GB/s = ``nbytes`` / median time, timed as ``copy_ceiling`` (faster
+    of graph and eager). On an H200 (2026-11-30) read ran at 4204 GB/s and write at 4564 GB/s
+    against a 4139-4249 GB/s copy, so kernels that mostly write can beat "100 % of copy".
+
+    Returns:
+        ``{"bytes", "read_gbps", "write_gbps", "method": {"read", "write"}, "read": {...},
+        "write": {...}}``; the last two as ``_bandwidth`` returns them.
+    Raises:
+        RuntimeError: the sum or the fill gave a wrong result (the timed op did not run).
+    """
+    cuda = device.type == "cuda"
+    nbytes = nbytes or ((2 << 30) if cuda else (1 << 20))
+    n = nbytes // 4
+    gen = torch.Generator(device=device).manual_seed(13)
+    x = torch.rand(n, dtype=torch.float32, device=device, generator=gen)
+    y = torch.empty(n, dtype=torch.float32, device=device)
+    read = _bandwidth(lambda: x.sum(), device, 4 * n)
+    write = _bandwidth(lambda: y.fill_(1.5), device, 4 * n)
+    mean = float(x.sum()) / n  # uniform [0, 1): 0.5 to ~1e-3 already at 2^18 values
+    if abs(mean - 0.5) > 0.01:
+        raise RuntimeError(f"stream ceiling: sum / n = {mean}, expected about 0.5")
+    if not (bool((y[:4096] == 1.5).all()) and float(y[-1]) == 1.5):
+        raise RuntimeError("stream ceiling: the fill did not fill")
+    return {"bytes": 4 * n, "read_gbps": read["gbps"], "write_gbps": write["gbps"],
+            "method": {"read": read["method"], "write": write["method"]},
+            "read": read, "write": write}
+
+
+def mix_ceiling_gbps(read_bytes: float, write_bytes: float, read_gbps: float,
+                     write_gbps: float) -> float:
+    """Bandwidth ceiling (GB/s) of a kernel that reads ``read_bytes`` and writes
+    ``write_bytes``: reads and writes share the DRAM bus, so their times add,
+    ``(r + w) / (r / read_gbps + w / write_gbps)`` (a bytes-weighted harmonic mean).
+
+    Raises:
+        ValueError: no bytes at all, negative bytes, or a non-positive rate.
+    """
+    if read_bytes < 0 or write_bytes < 0 or read_bytes + write_bytes <= 0:
+        raise ValueError(f"bytes: expected >= 0 and not both 0, got read {read_bytes}, "
+                         f"write {write_bytes}")
+    if not (read_gbps > 0 and write_gbps > 0):
+        raise ValueError(f"rates: expected > 0 GB/s, got read {read_gbps}, write {write_gbps}")
+    return (read_bytes + write_bytes) / (read_bytes / read_gbps + write_bytes / write_gbps)
 
 
 def _scaled_mm(a, b, scale_a, scale_b, fast_accum: bool):
@@ -306,6 +366,44 @@ def fp8_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
     if best is None and not cuda:
         af, bf = a.float(), b.float()
         t = time_eager([lambda: af @ bf], device, warmup=1, max_samples=3, min_samples=2)
+        out.update(tflops=flops / (t.us * 1e-6) / 1e12, best="fp32-matmul", stand_in=True)
+    return out
+
+
+def mm16_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
+    """cuBLAS 16-bit matmul rate through ``torch.matmul``: [M, K] x [K, N] random operands in
+    float16 and in bfloat16 (fp32 accumulation on the 16-bit tensor cores, whose peak is half
+    the FP8 one), M = N = K = ``size`` (8192 on CUDA, 64 on CPU); TFLOP/s = 2*M*N*K / time.
+    The ceiling is the faster dtype; a dtype that raises is recorded with its error. On CPU
+    (smoke), when neither ran, an fp32 matmul stands in, marked ``stand_in``. Shaped like
+    ``fp8_matmul_ceiling``'s result (variants keyed ``float16`` / ``bfloat16``)."""
+    cuda = device.type == "cuda"
+    n = size or (8192 if cuda else 64)
+    gen = torch.Generator(device=device).manual_seed(12)
+    a32 = torch.randn(n, n, device=device, generator=gen)
+    b32 = torch.randn(n, n, device=device, generator=gen)
+    flops = 2 * n ** 3
+    results, best = {}, None
+    for dtype in (torch.float16, torch.bfloat16):
+        key = str(dtype).removeprefix("torch.")
+        try:
+            a, b = a32.to(dtype), b32.to(dtype)
+            fn = functools.partial(torch.matmul, a, b)
+            ref = fn()
+            if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
+                raise RuntimeError("unexpected output")
+            t = _time_ceiling(fn, device, calls=5, replays=10)
+            tf = flops / (t.us * 1e-6) / 1e12
+            results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
+                            "note": t.note}
+            if best is None or tf > results[best]["tflops"]:
+                best = key
+        except Exception as e:  # noqa: BLE001 - record why a dtype is unavailable
+            results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
+           "tflops": results[best]["tflops"] if best else None, "stand_in": False}
+    if best is None and not cuda:
+        t = time_eager([lambda: a32 @ b32], device, warmup=1, max_samples=3, min_samples=2)
         out.update(tflops=flops / (t.us * 1e-6) / 1e12, best="fp32-matmul", stand_in=True)
     return out
 

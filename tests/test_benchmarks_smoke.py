@@ -21,8 +21,10 @@ import nvfp4_indexer as ni  # noqa: E402
 from benchmarks import workloads as wl  # noqa: E402
 from benchmarks.pool import PagePool  # noqa: E402
 from benchmarks.report import markdown, summary_lines  # noqa: E402
-from benchmarks.suites import Context, summarize  # noqa: E402
-from benchmarks.timing import graph_sequence, rotation_slots, time_eager  # noqa: E402
+from benchmarks.suites import Context, _finish, summarize, written_bytes  # noqa: E402
+from benchmarks.timing import (Timing, graph_sequence, mix_ceiling_gbps,  # noqa: E402
+                               mm16_matmul_ceiling, rotation_slots, stream_ceilings,
+                               time_eager)
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -128,6 +130,38 @@ def test_time_eager_cpu():
     assert t.method == "cpu-wall-clock" and len(t.samples_us) == 4 and t.us > 0
 
 
+# ----------------------------------------------------------------------------- ceilings
+
+def test_mix_ceiling_gbps():
+    """Reads and writes share the bus: times add, a bytes-weighted harmonic mean of R, W."""
+    assert mix_ceiling_gbps(1e9, 1e9, 4000.0, 4000.0) == pytest.approx(4000.0)
+    assert mix_ceiling_gbps(5e8, 0, 4204.0, 4564.0) == pytest.approx(4204.0)  # all reads
+    assert mix_ceiling_gbps(0, 7, 4204.0, 4564.0) == pytest.approx(4564.0)  # all writes
+    # 1 GB read at 4000 GB/s (0.25 ms) + 3 GB written at 6000 GB/s (0.5 ms): 4 GB / 0.75 ms
+    assert mix_ceiling_gbps(1e9, 3e9, 4000.0, 6000.0) == pytest.approx(16_000 / 3)
+    # between R and W, and not the byte-weighted arithmetic mean (4750 here)
+    m = mix_ceiling_gbps(1e9, 1e9, 4000.0, 5500.0)
+    assert 4000.0 < m < 4750.0 and m == pytest.approx(2 / (1 / 4000 + 1 / 5500))
+    for bad in ((0, 0, 1.0, 1.0), (-1, 2, 1.0, 1.0), (1, 1, 0.0, 1.0), (1, 1, 1.0, None)):
+        with pytest.raises((ValueError, TypeError)):
+            mix_ceiling_gbps(*bad)
+
+
+def test_stream_and_mm16_ceilings_cpu():
+    """The read-only / write-only and 16-bit matmul ceilings run on CPU, shaped as recorded."""
+    st = stream_ceilings(torch.device("cpu"), 1 << 18)
+    assert st["bytes"] == 1 << 18 and st["read_gbps"] > 0 and st["write_gbps"] > 0
+    assert st["read"]["gbps"] == st["read_gbps"] and st["method"]["write"] in ("graph", "eager")
+    mm = mm16_matmul_ceiling(torch.device("cpu"), 32)
+    assert (mm["m"], mm["n"], mm["k"]) == (32, 32, 32) and mm["tflops"] > 0
+    assert set(mm["variants"]) == {"float16", "bfloat16"}
+    ran = {k: v["tflops"] for k, v in mm["variants"].items() if "tflops" in v}
+    if ran:
+        assert not mm["stand_in"] and mm["tflops"] == max(ran.values())
+    else:  # neither 16-bit matmul ran on this CPU: the fp32 stand-in, marked
+        assert mm["stand_in"] and mm["best"] == "fp32-matmul"
+
+
 # ----------------------------------------------------------------------------- pool
 
 def test_pool_pages_and_block_tables():
@@ -186,6 +220,41 @@ def test_decode_summary_weighted_mean_and_flags():
     assert any("b128_s200000_q8_h4" in line for line in summary_lines("decode-full", s, {}))
 
 
+def test_finish_ratios_and_mix_split():
+    """``_finish``: the 16-bit matmul share next to the FP8 one, and for gather / insert the
+    read / write split of the traffic parts and the share of the mix ceiling."""
+    ctx = _ctx(mm16_tflops=500.0, read_gbps=4000.0, write_gbps=5000.0)
+    t = Timing(us=100.0, samples_us=[100.0], cv=0.0, method="cuda-graph", calls_per_sample=1)
+    rec = _finish(ctx, {}, t, nbytes=10**8, flops=5 * 10**10)  # 500 TFLOP/s, 1000 GB/s
+    assert rec["tflops"] == pytest.approx(500.0)
+    assert rec["matmul_ratio"] == pytest.approx(0.5) and rec["mm16_ratio"] == pytest.approx(1.0)
+    assert "mix_ratio" not in rec
+    tr = wl.gather_traffic(wl.PrefillCase(1_024, 32_768, 4))
+    w = written_bytes("gather", tr.parts)
+    assert w == tr.parts["workspace"] == tr.history_pages * 16_384
+    rec = _finish(ctx, {}, t, tr.bytes_moved, 0, w)
+    assert rec["bytes_read"] + rec["bytes_written"] == tr.bytes_moved
+    assert rec["bytes_read"] == tr.bytes_moved - w and rec["mm16_ratio"] is None
+    mix = (tr.bytes_moved) / ((tr.bytes_moved - w) / 4000.0 + w / 5000.0)
+    assert rec["mix_ceiling_gbps"] == pytest.approx(mix)
+    assert rec["mix_ratio"] == pytest.approx(rec["gbps"] / mix)
+    assert written_bytes("insert", wl.insert_traffic(wl.InsertCase()).parts) == 16_384 * 72
+    no_ceiling = _finish(_ctx(), {}, t, tr.bytes_moved, 0, w)
+    assert no_ceiling["mix_ratio"] is None and no_ceiling["mix_ceiling_gbps"] is None
+
+
+def test_prefill_summary_mm16_ratio():
+    recs = [{"status": "ok", "name": "small", "flops": 10, "matmul_ratio": 0.4,
+             "mm16_ratio": 0.8},
+            {"status": "ok", "name": "big", "flops": 99, "matmul_ratio": 0.3, "mm16_ratio": 0.6}]
+    s = summarize("prefill", recs, _ctx(mm16_tflops=500.0), 2)
+    assert s["largest_case"] == "big" and s["largest_case_mm16_ratio"] == 0.6
+    assert s["mm16_ratio_max"] == 0.8 and s["matmul_ratio_max"] == 0.4
+    line = next(x for x in summary_lines("prefill", s, {}) if x.startswith("largest"))
+    assert "30% of the FP8 matmul rate (60% of the 16-bit matmul rate)" in line
+    assert "best 40% (80% of 16-bit)" in line
+
+
 def test_lowlat_summary_target():
     recs = [{"status": "ok", "name": "b1_s32000_q8_h4", "us": 5.5},
             {"status": "error", "name": "b2_s32000_q8_h4", "error": "x"}]
@@ -208,6 +277,8 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert data["mode"] == "cpu-smoke" and data["errors"] == 0
     assert data["env"]["torch"] == torch.__version__ and data["env"]["date_utc"]
     assert data["ceilings"]["copy"]["gbps"] > 0 and data["ceilings"]["fp8_matmul"]["tflops"] > 0
+    stream, mm16 = data["ceilings"]["stream"], data["ceilings"]["mm16_matmul"]
+    assert stream["read_gbps"] > 0 and stream["write_gbps"] > 0 and mm16["tflops"] > 0
     assert set(data["suites"]) == set(wl.smoke_cases())
     for suite, cases in wl.smoke_cases().items():
         recs = data["suites"][suite]["cases"]
@@ -221,12 +292,26 @@ def test_cpu_smoke_end_to_end(tmp_path):
                 assert rec["reuse_over_l2"] > 2
             elif suite == "prefill":
                 assert rec["out_fully_written"] and rec["rows_equal_reference"] == 1.0
+                # n16_c0_r1 scores no history token: no FLOPs, no ratio
+                assert (rec["mm16_ratio"] > 0) if rec["flops"] else rec["mm16_ratio"] is None
             elif suite == "gather":
                 assert rec["equal_reference"] and rec["workspace_pages"] == rec["history_pages"]
             else:
                 assert rec["tokens_equal_reference"] == 1.0
+            if suite in ("gather", "insert"):
+                assert rec["bytes_read"] + rec["bytes_written"] == rec["bytes_moved"]
+                assert rec["bytes_read"] > 0 and rec["bytes_written"] > 0
+                assert rec["mix_ceiling_gbps"] == pytest.approx(mix_ceiling_gbps(
+                    rec["bytes_read"], rec["bytes_written"], stream["read_gbps"],
+                    stream["write_gbps"]))
+                assert rec["mix_ratio"] == pytest.approx(rec["gbps"] / rec["mix_ceiling_gbps"])
+    prefill = data["suites"]["prefill"]["summary"]
+    assert prefill["mm16_ratio_max"] > 0 and prefill["largest_case_mm16_ratio"] > 0
     md = (tmp_path / "tables.md").read_text()
     assert "CPU SMOKE RUN" in md and md.count("### ") == len(wl.smoke_cases())
+    header = next(line for line in md.splitlines() if line.startswith("ceilings:"))
+    assert "read-only" in header and "write-only" in header and "16-bit matmul" in header
+    assert "| % fp8 mm | % 16-bit mm |" in md and md.count("| % copy | % mix |") == 2
     assert markdown(data) in md
     png = (tmp_path / "roofline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

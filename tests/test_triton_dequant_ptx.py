@@ -352,6 +352,14 @@ for mode, window in (("ptx", 64), ("ptx_arith", 32), ("triton", 64)):
     st = sass_stats(k)
     assert st["local_bytes"] == 0 and any(hg for _, hg in st["loops"]), (mode, st)
     print("ok", mode, st["registers"], [n for n, hg in st["loops"] if hg])
+from benchmarks.sass_stats import compile_prefill
+pages = {}
+for on_n in (True, False):
+    st = sass_stats(compile_prefill(tokens_on_n=on_n))
+    assert st["local_bytes"] == 0 and any(hg for _, hg in st["loops"]), (on_n, st)
+    pages[on_n] = min(n for n, hg in st["loops"] if hg)
+assert 2 * pages[True] < pages[False], pages  # the max over tokens stays in registers
+print("ok prefill", pages)
 from benchmarks.sass_stats import elementwise_report
 lines = elementwise_report()  # gather (ptx / triton) and insert kernels
 per8 = {ln.split(":")[0]: float(ln.split("= ")[1].split()[0]) for ln in lines
@@ -369,7 +377,8 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
     with wgmma, no spills and a page loop holding the HGMMAs (``benchmarks.sass_stats``, the
     tool behind the instruction counts in docs/benchmarks.md), and so do the gather and
     insert kernels (``--elementwise``: the PTX gather path issues under a third of the
-    Triton-ops path's instructions, no insert spills); runs in a subprocess (this process may
+    Triton-ops path's instructions, no insert spills) and the prefill score kernel (no spills;
+    with the tokens on the MMA's N axis its page loop is under half as long); runs in a subprocess (this process may
     have interpreted kernels)."""
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
@@ -383,7 +392,7 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is unavailable")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 4, proc.stdout
+    assert proc.stdout.count("ok ") == 5, proc.stdout
 
 
 _INTERP_SCRIPT = r'''

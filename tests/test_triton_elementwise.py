@@ -758,7 +758,7 @@ GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_st
 # the gather's inline-PTX dequantization (GPU default): needs PORTABLE=False
 cases = [(gather._gather_kernel, GATHER_TYPES,
           dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
-               PAGE_PARTS=2))]
+               PAGE_PARTS=2, STREAM=True))]
 for P in (True, False):
     cases += [
         (encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
@@ -769,7 +769,8 @@ for P in (True, False):
         (dequantize._dequantize_nvfp4_kernel, dict(codes_ptr="*u8", scales_ptr="*u8",
          out_ptr="*u8", n_rows="i32"), dict(PORTABLE=P, OUT_F32=False, BLOCK_T=16)),
         (gather._gather_kernel, GATHER_TYPES,
-         dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton", PAGE_PARTS=1)),
+         dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton", PAGE_PARTS=1,
+              STREAM=False)),
         (insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32",
          pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
          eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),

@@ -565,7 +565,8 @@ def test_prefill_api_and_nan_page():
     for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3},
                {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0},
                {"block_m": True}, {"num_warps": 4.0}, {"num_stages": True},
-               {"window": 64, "block_m": 128}):
+               {"window": 64, "block_m": 128}, {"tokens_on_n": 1},
+               *([{"tokens_on_n": True}] if not HAS_CUDA else [])):  # CPU: dot fp32 only
         with pytest.raises(ValueError, match=next(iter(kw))):
             PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
                                     64, out, **kw)
@@ -723,12 +724,13 @@ def test_gpu_dot_modes(dot):
     print(f"{dot}: decode rows that needed the tolerance: {n_tol}")
     pb, pqsl = prefill_batch([(300, 20000), (64, 5000)], seed=93)
     pq = random_q(364, heads, seed=94)
-    pout = torch.full((364, heads, 16), -7, dtype=torch.int32, device=DEV)
-    PREFILL.prefill_indexer(pq, pb.cache, pb.block_table, pqsl, pb.seq_lens, 10**6, pout,
-                            dot=dot)
     pe, pm = ref.page_scores(pq, pb.cache, pb.block_table, pb.seq_lens, pqsl,
                              with_magnitude=True)
-    check_selection(pout, pe, pm, local_pages(pb.seq_lens, pqsl), bits)
+    for on_n in (None, dot not in PREFILL.TOKENS_ON_N_DOTS) if dot != "fp32" else (None,):
+        pout = torch.full((364, heads, 16), -7, dtype=torch.int32, device=DEV)
+        PREFILL.prefill_indexer(pq, pb.cache, pb.block_table, pqsl, pb.seq_lens, 10**6, pout,
+                                dot=dot, tokens_on_n=on_n)
+        check_selection(pout, pe, pm, local_pages(pb.seq_lens, pqsl), bits)
 
 
 @pytest.mark.gpu
@@ -738,7 +740,8 @@ def test_gpu_dot_modes(dot):
     ([(1024, 1024)] * 2 + [(2048, 34816), (512, 131072 + 512)], None),
     ([(4096, 4096), (1024, 33792), (256, 20000)], 300),  # several chunks
 ])
-def test_gpu_prefill_realistic(specs, budget):
+@pytest.mark.parametrize("tokens_on_n", [None, False])
+def test_gpu_prefill_realistic(specs, budget, tokens_on_n):
     heads = 4
     batch, qsl = prefill_batch(specs, seed=len(specs), page_stride=9216)
     t = int(qsl[-1])
@@ -746,7 +749,8 @@ def test_gpu_prefill_realistic(specs, budget):
     big, out = poisoned_out(t, heads)
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget, out)
+    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget, out,
+                            tokens_on_n=tokens_on_n)
     torch.cuda.synchronize()
     assert_guards(big)
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,

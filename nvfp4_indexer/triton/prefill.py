@@ -13,8 +13,10 @@ Score kernel, grid ``(row blocks, NUM_SPLITS)``: a row block is ``BLOCK_M`` (tok
 of one request (``scoring.plan_row_blocks``); its pages are those below the local page of its
 last row (rows are bottom-right aligned, so that is the block's largest L), 0 when that is
 <= 15. Split s takes the s-th of NUM_SPLITS equal ranges of those pages; per page: a
-``[128 tokens, 128 dims]`` E4M3 tile from the workspace, ``[128, BLOCK_M]`` token scores in one
-K=128 MMA, the NaN-skipping max, and the page's candidate for rows with j < L, kept in each
+``[128 tokens, 128 dims]`` E4M3 tile from the workspace, the token scores in one K=128 MMA
+(16-bit dot modes: ``[BLOCK_M, 128 tokens]``, the page as the shared-memory operand, so the
+max over tokens stays in registers; "fp8" / "fp32": ``[128 tokens, BLOCK_M]``), the NaN-skipping
+max, and the page's candidate for rows with j < L, kept in each
 row's running top-KEEP list (KEEP = min(16, next power of two >= pages per split); updated per
 page, or once per window of buffered page scores for splits of >= 32 pages, as in ``decode``).
 No ``[tokens, heads, pages]`` score tensor exists: each program writes its lists to the
@@ -37,7 +39,8 @@ from ..reference.prefill import plan_chunks
 from .decode import MAX_SPLITS, _num_sms
 from .gather import gather_into
 from .numerics import device_guard, portable_default
-from .scoring import block_rows_info, fp8_page_scores, load_q_t, plan_row_blocks, resolve_dot
+from .scoring import (block_rows_info, fp8_page_scores, fp8_page_scores_n, load_q_rows, load_q_t,
+                      plan_row_blocks, resolve_dot)
 from .topk import (choose_window, empty_topk, insert_page, load_candidates, merge_config,
                    merge_window, store_candidates, window_buffer,
                    write_selection)
@@ -49,6 +52,11 @@ MAX_BLOCK_M = 128
 MIN_PAGES_PER_SPLIT = 4
 PROGRAMS_PER_SM = 8  # split target of the score kernel (the H200 lab tuned decode only)
 SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
+# Dot modes scored with the page tokens on the MMA's N axis by default (H200,
+# benchmarks.knob_lab, one process, all 18 WORKLOADS.md cases against tokens on M: geometric
+# mean 1.13x, 1.12-1.29x on every 16K-token and 4K x 128K case, 16K x 128K 10.78 -> 8.39 ms;
+# the 5 slower ones are sub-2 ms eager timings; "fp8" keeps tokens on M: not timed).
+TOKENS_ON_N_DOTS = ("fp16", "bf16")
 
 
 @triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
@@ -56,7 +64,7 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
                           qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, cand_ptr, win_ptr, out_ptr,
                           H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
                           DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
-                          KEEP: tl.constexpr = 16):
+                          KEEP: tl.constexpr = 16, TOKENS_N: tl.constexpr = False):
     blk = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -67,7 +75,11 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
     per = tl.cdiv(n, NUM_SPLITS)
     start = split * per
     end = tl.minimum(start + per, n)
-    q_t = load_q_t(q_ptr, token * q_tok_stride + h * q_head_stride, row_ok, DOT)
+    q_off = token * q_tok_stride + h * q_head_stride
+    if TOKENS_N:
+        q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)  # [BLOCK_M, 128]: the MMA's A
+    else:
+        q_op = load_q_t(q_ptr, q_off, row_ok, DOT)  # [128, BLOCK_M]: the MMA's B
     r = tl.load(blk_ptr + blk)
     ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * (128 * 128)
 
@@ -76,7 +88,7 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
     top = empty_topk(BLOCK_M, KEEP)
     if WINDOW == 1:
         for j in range(start, end):
-            score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
+            score = _ws_page_scores(ws_page0 + j * (128 * 128), q_op, DOT, TOKENS_N)
             top = insert_page(top, score, j, local)
     else:
         prog = blk * NUM_SPLITS + split
@@ -84,7 +96,7 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
             w_end = tl.minimum(w0 + WINDOW, end)
             buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
             for j in range(w0, w_end):
-                score = fp8_page_scores(ws_page0 + j * (128 * 128), q_t, DOT)
+                score = _ws_page_scores(ws_page0 + j * (128 * 128), q_op, DOT, TOKENS_N)
                 tl.store(buf + (j - w0) * BLOCK_M + rows, score)
             top = merge_window(top, buf, w0, w_end, local, WINDOW)
 
@@ -92,6 +104,15 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
         write_selection(top, local, out_ptr + (token * H + h) * 16, row_ok)
     else:
         store_candidates(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), top, split, NUM_SPLITS)
+
+
+@triton.jit
+def _ws_page_scores(page_ptr, q_op, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of one workspace page, tokens on the MMA's N or M axis."""
+    if TOKENS_N:
+        return fp8_page_scores_n(page_ptr, q_op, DOT)
+    else:
+        return fp8_page_scores(page_ptr, q_op, DOT)
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
@@ -120,7 +141,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                     out: torch.Tensor, *, dot: str | None = None,
                     num_splits: int | None = None, window: int | None = None,
                     block_m: int | None = None, num_warps: int = 4,
-                    num_stages: int = 2) -> torch.Tensor:
+                    num_stages: int = 2, tokens_on_n: bool | None = None) -> torch.Tensor:
     """Selected pages of prefill requests into ``out`` (SPEC 5, 7).
 
     Args:
@@ -136,13 +157,17 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         block_m: (token, head) rows per score program, a power of two in 16..256 (tuning;
         default: the request's rows rounded up to a power of two, at most ``MAX_BLOCK_M``).
         num_warps / num_stages: launch options of the score kernel (tuning).
+        tokens_on_n: page tokens on the MMA's N axis (``scoring.fp8_page_scores_n``: the max
+        over tokens stays in registers) rather than M (tuning; default: True for the 16-bit
+        GPU dot modes, False for "fp8" and "fp32").
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
         ValueError: ``num_splits`` not None or an int in 1..MAX_SPLITS; ``window`` not None or
         a power of two in 1..64, or with window * BLOCK_M > 4096; ``block_m`` not None or a
         power of two in 16..256;
-        ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4.
+        ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4; ``tokens_on_n``
+        not None or a bool, or True with dot "fp32" (the interpreter / CPU path).
     """
     if num_splits is not None and (not isinstance(num_splits, int)
                                    or isinstance(num_splits, bool)
@@ -159,14 +184,21 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         raise ValueError(f"num_warps: expected 1, 2, 4 or 8, got {num_warps!r}")
     if type(num_stages) is not int or not 1 <= num_stages <= 4:
         raise ValueError(f"num_stages: expected an int in 1..4, got {num_stages!r}")
+    if tokens_on_n is not None and type(tokens_on_n) is not bool:
+        raise ValueError(f"tokens_on_n: expected None or a bool, got {tokens_on_n!r}")
     t, h, _ = index_q.shape
     num_reqs = block_table.shape[0]
     dev = index_q.device
+    dot = resolve_dot(dot, dev)
+    if tokens_on_n is None:
+        tokens_on_n = dot in TOKENS_ON_N_DOTS
+    elif tokens_on_n and dot == "fp32":
+        raise ValueError("tokens_on_n: True needs a GPU dot mode (fp16 / bf16 / fp8), got "
+                         "dot 'fp32'")
     if t == 0 or num_reqs == 0:
         return out
     qsl = cu_seqlens_q.tolist()
     sl = seq_lens.tolist()
-    dot = resolve_dot(dot, dev)
     portable = portable_default(dev)
     # Pages a request needs gathered: its last query's history, unless all its rows are short.
     hist = [max(s - 1, 0) // PAGE_SIZE for s in sl]
@@ -209,7 +241,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
             _prefill_score_kernel[(nb, ns)](
                 q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
                 blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
-                DOT=dot, WINDOW=win, KEEP=keep, num_warps=num_warps, num_stages=num_stages)
+                DOT=dot, WINDOW=win, KEEP=keep, TOKENS_N=tokens_on_n, num_warps=num_warps,
+                num_stages=num_stages)
             if ns > 1:
                 rows, warps = merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](

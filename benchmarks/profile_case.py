@@ -1,0 +1,138 @@
+"""One WORKLOADS.md case on a cold page pool, for a profiler (``ncu``) to attach to.
+
+Usage (one GPU)::
+
+    ncu --clock-control none --set full -k regex:_decode_score_kernel \\
+        --launch-skip 2 --launch-count 1 -o decode \\
+        python -m benchmarks.profile_case decode 128 100000
+    python -m benchmarks.profile_case decode 1 32000 window=1 maxnreg=128  # DecodeRunner knobs
+    python -m benchmarks.profile_case prefill 16384 32768 1   # new tokens, context, requests
+    python -m benchmarks.profile_case gather 16384 131072 4 page_parts=4
+
+- ``decode BATCH NOMINAL``: Q = 8, H = 4 requests of the WORKLOADS.md lengths, run through
+  ``DecodeRunner.run`` (``key=value``: ``DecodeRunner`` keywords).
+- ``prefill NEW CONTEXT REQUESTS``: ``triton.prefill.prefill_indexer`` with the API's default
+  gather budget (``key=value``: its tuning keywords, e.g. ``block_m=64``).
+- ``gather NEW CONTEXT REQUESTS``: ``triton.gather.gather_into`` of the prefill case's
+  history pages (``key=value``: its tuning keywords, e.g. ``streaming=1``).
+
+Each runs ``--calls`` times (default 3; the profiler picks the launch) on a page pool of
+random NVFP4 keys just large enough for the case, prints what it ran, and exits with status 2
+without a CUDA GPU. ``key=value`` values are ints, or strings such as ``dequant=ptx_arith``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def _knobs(items: list[str]) -> dict:
+    kw = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"profile_case: expected key=value, got {item!r}")
+        kw[key] = int(val) if val.lstrip("-").isdigit() else val
+    return kw
+
+
+def _pool(seq_lens: list[int], dev):
+    from benchmarks import workloads as wl
+    from benchmarks.pool import PagePool
+    need = sum(wl.pages_needed(s) for s in seq_lens)
+    width = max(wl.pages_needed(s) for s in seq_lens)
+    pool = PagePool(need + 16, dev, seed=3)
+    return pool, pool.block_tables(seq_lens, 1, width)[0], width
+
+
+def run_decode(batch: int, nominal: int, kw: dict, calls: int) -> str:
+    from benchmarks import workloads as wl
+    from benchmarks.pool import random_index_q
+    from nvfp4_indexer.triton.decode import DecodeRunner
+    dev = torch.device("cuda")
+    q_len, heads = wl.DECODE_QUERY_LEN, wl.DECODE_HEADS
+    sl = wl.make_seq_lens(batch, nominal, q_len)
+    pool, bt, width = _pool(sl, dev)
+    seq = torch.tensor(sl, dtype=torch.int32, device=dev)
+    q = random_index_q(batch * q_len, heads, dev, torch.Generator(device=dev).manual_seed(5))
+    out = torch.empty((batch * q_len, heads, 16), dtype=torch.int32, device=dev)
+    runner = DecodeRunner(heads, batch, width, q_len, dev, **kw)
+    for _ in range(calls):
+        runner.run(q, pool.cache, bt, seq, out)
+    torch.cuda.synchronize()
+    return (f"decode b{batch} x {nominal}: splits {runner.num_splits}, window {runner.window}, "
+            f"keep {runner.keep}, history pages {sum(wl.history_pages(s) for s in sl)}")
+
+
+def _prefill_setup(new: int, context: int, reqs: int):
+    from benchmarks import workloads as wl
+    case = wl.PrefillCase(new, context, reqs)
+    dev = torch.device("cuda")
+    sl = case.seq_lens()
+    pool, bt, width = _pool(sl, dev)
+    seq = torch.tensor(sl, dtype=torch.int32, device=dev)
+    cu = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32, device=dev)
+    return case, dev, sl, pool, bt, width, seq, cu
+
+
+def run_prefill(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
+    import nvfp4_indexer as ni
+    from benchmarks.pool import random_index_q
+    from nvfp4_indexer.triton import prefill as tp
+    case, dev, sl, pool, bt, width, seq, cu = _prefill_setup(new, context, reqs)
+    q = random_index_q(case.new_tokens, case.num_heads, dev,
+                       torch.Generator(device=dev).manual_seed(5))
+    out = torch.empty((case.new_tokens, case.num_heads, 16), dtype=torch.int32, device=dev)
+    mgp = ni.max_gather_pages(width * 128, case.new_tokens)
+    for _ in range(calls):
+        tp.prefill_indexer(q, pool.cache, bt, cu, seq, mgp, out, **kw)
+    torch.cuda.synchronize()
+    return f"prefill {case.name}: width {width}, max_gather_pages {mgp}, seq_lens {sl[:4]}"
+
+
+def run_gather(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
+    from benchmarks import workloads as wl
+    from nvfp4_indexer.triton import gather as tg
+    case, dev, sl, pool, bt, width, seq, cu = _prefill_setup(new, context, reqs)
+    pages = [wl.history_pages(s) for s in sl]
+    offsets = torch.tensor([0] + pages, device=dev).cumsum(0).to(torch.int32)
+    ws = torch.empty((max(sum(pages), 1), 128, 128), dtype=torch.float8_e4m3fn, device=dev)
+    if "streaming" in kw:
+        kw["streaming"] = bool(kw["streaming"])
+    for _ in range(calls):
+        tg.gather_into(pool.cache, bt, seq, offsets, ws, max(pages), **kw)
+    torch.cuda.synchronize()
+    return (f"gather {case.name}: {sum(pages)} pages, "
+            f"{wl.gather_traffic(case).bytes_moved / 1e6:.1f} MB moved")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=("decode", "prefill", "gather"))
+    ap.add_argument("sizes", nargs="+", help="decode: BATCH NOMINAL; prefill / gather: NEW "
+                    "CONTEXT REQUESTS; then key=value tuning keywords")
+    ap.add_argument("--calls", type=int, default=3)
+    args = ap.parse_args(argv)
+    nums = [int(s) for s in args.sizes if "=" not in s]
+    kw = _knobs([s for s in args.sizes if "=" in s])
+    want = 2 if args.part == "decode" else 3
+    if len(nums) != want:
+        ap.error(f"{args.part} takes {want} sizes, got {nums}")
+    if not torch.cuda.is_available():
+        print("profile_case: needs a CUDA GPU", flush=True)
+        return 2
+    if args.part == "decode":
+        msg = run_decode(*nums, kw, args.calls)
+    elif args.part == "prefill":
+        msg = run_prefill(*nums, kw, args.calls)
+    else:
+        msg = run_gather(*nums, kw, args.calls)
+    print(msg, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
