@@ -33,6 +33,8 @@ import traceback
 
 import torch
 
+from .profile_case import knob_value
+
 START = time.monotonic()
 
 PREFILL_VARIANTS = {
@@ -41,6 +43,9 @@ PREFILL_VARIANTS = {
     "m64": {"block_m": 64},
     "m64 tokens m": {"block_m": 64, "tokens_on_n": False},
     "st3": {"num_stages": 3},
+    "w8": {"num_warps": 8},
+    "m256 w8": {"block_m": 256, "num_warps": 8},
+    "gather no stream": {"gather_streaming": False},
     "fp8 dot": {"dot": "fp8"},
 }
 PREFILL_CASES = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1),
@@ -83,14 +88,15 @@ def _record(part, case, variant, us, unit_value, unit, same, note=""):
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """``NAME:KEY=VALUE,...`` -> ``(NAME, {KEY: VALUE})``; integer values become ints."""
+    """``NAME:KEY=VALUE,...`` -> ``(NAME, {KEY: VALUE})``; values as
+    ``profile_case.knob_value`` reads them (true / false -> bool, integers -> int)."""
     name, _, knobs = text.partition(":")
     kw = {}
     for item in filter(None, knobs.split(",")):
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise argparse.ArgumentTypeError(f"expected NAME:KEY=VALUE,..., got {text!r}")
-        kw[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        kw[key.strip()] = knob_value(value)
     return name, kw
 
 

@@ -7,7 +7,8 @@ Usage (one GPU)::
         python -m benchmarks.profile_case decode 128 100000
     python -m benchmarks.profile_case decode 1 32000 window=1 maxnreg=128  # DecodeRunner knobs
     python -m benchmarks.profile_case prefill 16384 32768 1   # new tokens, context, requests
-    python -m benchmarks.profile_case gather 16384 131072 4 page_parts=4
+    python -m benchmarks.profile_case gather 16384 131072 4 page_parts=4 streaming=false
+    python -m benchmarks.profile_case prefill 16384 32768 1 tokens_on_n=false
 
 - ``decode BATCH NOMINAL``: Q = 8, H = 4 requests of the WORKLOADS.md lengths, run through
   ``DecodeRunner.run`` (``key=value``: ``DecodeRunner`` keywords).
@@ -18,7 +19,8 @@ Usage (one GPU)::
 
 Each runs ``--calls`` times (default 3; the profiler picks the launch) on a page pool of
 random NVFP4 keys just large enough for the case, prints what it ran, and exits with status 2
-without a CUDA GPU. ``key=value`` values are ints, or strings such as ``dequant=ptx_arith``.
+without a CUDA GPU (bad arguments: a usage error, status 2). ``key=value`` values are
+``true`` / ``false`` (bools), ints, or strings such as ``dequant=ptx_arith``.
 """
 
 from __future__ import annotations
@@ -29,13 +31,22 @@ import sys
 import torch
 
 
+def knob_value(text: str):
+    """A ``key=value`` value: ``true`` / ``false`` (any case) -> bool, an integer -> int, else
+    the string (e.g. ``dequant=ptx_arith``)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+
+
 def _knobs(items: list[str]) -> dict:
     kw = {}
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"profile_case: expected key=value, got {item!r}")
-        kw[key] = int(val) if val.lstrip("-").isdigit() else val
+        kw[key] = knob_value(val)
     return kw
 
 
@@ -100,8 +111,6 @@ def run_gather(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
     pages = [wl.history_pages(s) for s in sl]
     offsets = torch.tensor([0] + pages, device=dev).cumsum(0).to(torch.int32)
     ws = torch.empty((max(sum(pages), 1), 128, 128), dtype=torch.float8_e4m3fn, device=dev)
-    if "streaming" in kw:
-        kw["streaming"] = bool(kw["streaming"])
     for _ in range(calls):
         tg.gather_into(pool.cache, bt, seq, offsets, ws, max(pages), **kw)
     torch.cuda.synchronize()
@@ -116,11 +125,16 @@ def main(argv=None) -> int:
                     "CONTEXT REQUESTS; then key=value tuning keywords")
     ap.add_argument("--calls", type=int, default=3)
     args = ap.parse_args(argv)
-    nums = [int(s) for s in args.sizes if "=" not in s]
+    sizes = [s for s in args.sizes if "=" not in s]
     kw = _knobs([s for s in args.sizes if "=" in s])
     want = 2 if args.part == "decode" else 3
-    if len(nums) != want:
-        ap.error(f"{args.part} takes {want} sizes, got {nums}")
+    if len(sizes) != want or not all(s.isdigit() for s in sizes):
+        ap.error(f"{args.part} takes {want} non-negative integer sizes, got {sizes}")
+    nums = [int(s) for s in sizes]
+    if nums[0] < 1 or (args.part == "decode" and nums[1] < 1) or (
+            args.part != "decode" and nums[2] < 1):
+        ap.error(f"{args.part}: batch / new tokens / requests and the decode length must be "
+                 f">= 1, got {nums}")
     if not torch.cuda.is_available():
         print("profile_case: needs a CUDA GPU", flush=True)
         return 2

@@ -383,6 +383,26 @@ def test_profile_decode_needs_a_gpu():
     assert profile_decode.main(["1", "4000", "window=1"]) == 2
 
 
+def test_profile_case_cli():
+    """``profile_case``: each part needs its number of sizes and key=value keywords (usage
+    error, exit 2, checked before the GPU); with valid arguments and no GPU it returns 2."""
+    from benchmarks import profile_case
+    for bad in (["decode", "1"], ["prefill", "1024", "0"], ["gather", "1", "2", "3", "4"],
+                ["decode", "1", "4000", "=3"], ["bogus", "1", "2"], ["decode", "1", "x"],
+                ["decode", "0", "4000"], ["prefill", "1024", "0", "0"], ["decode", "-1", "5"]):
+        with pytest.raises(SystemExit) as e:
+            profile_case.main(bad)
+        assert e.value.code == 2 or "key=value" in str(e.value.code), bad
+    from benchmarks.profile_case import _knobs
+    assert _knobs(["streaming=False", "tokens_on_n=TRUE", "window=1", "dequant=ptx"]) == {
+        "streaming": False, "tokens_on_n": True, "window": 1, "dequant": "ptx"}
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    for ok in (["decode", "1", "4000", "window=1"], ["prefill", "1024", "0", "1"],
+               ["gather", "1024", "0", "1", "streaming=false"]):
+        assert profile_case.main(ok) == 2
+
+
 def test_knob_lab_parse_variant():
     """``--variant NAME:KEY=VALUE,...`` of benchmarks.knob_lab: ints parsed, bad items refused."""
     import argparse
@@ -391,6 +411,8 @@ def test_knob_lab_parse_variant():
     assert parse_variant("tb32:tok_block=32,dequant=ptx,page_parts=1") == (
         "tb32", {"tok_block": 32, "dequant": "ptx", "page_parts": 1})
     assert parse_variant("base:") == ("base", {})
+    assert parse_variant("m:tokens_on_n=false,streaming=True,pdl=0") == (
+        "m", {"tokens_on_n": False, "streaming": True, "pdl": 0})
     for bad in ("x:block_m", "x:=3", "x:a=1,b"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)

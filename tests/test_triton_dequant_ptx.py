@@ -360,6 +360,11 @@ for on_n in (True, False):
     pages[on_n] = min(n for n, hg in st["loops"] if hg)
 assert 2 * pages[True] < pages[False], pages  # the max over tokens stays in registers
 print("ok prefill", pages)
+from benchmarks.sass_stats import compile_gather
+for stream in (True, False):  # the gather's cache hints reach the PTX only when asked for
+    ptx = compile_gather(streaming=stream).asm["ptx"]
+    assert ("evict_first" in ptx and "st.global.cs" in ptx) == stream, stream
+    assert "evict_first" in ptx or "st.global.cs" not in ptx
 from benchmarks.sass_stats import elementwise_report
 lines = elementwise_report()  # gather (ptx / triton) and insert kernels
 per8 = {ln.split(":")[0]: float(ln.split("= ")[1].split()[0]) for ln in lines

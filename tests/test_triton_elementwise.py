@@ -410,7 +410,7 @@ def test_gather_into_rejects_bad_tuning():
     bad = [dict(dequant="bogus"), dict(tok_block=48), dict(tok_block=256), dict(tok_block=32.0),
            dict(tok_block=True), dict(num_warps=3), dict(num_warps=32), dict(num_warps="4"),
            dict(page_parts=3), dict(page_parts=16), dict(page_parts=0),
-           dict(dequant="ptx", portable=True)]
+           dict(dequant="ptx", portable=True), dict(streaming=1), dict(streaming="yes")]
     if not HAS_CUDA:
         bad.append(dict(dequant="ptx"))
     for kw in bad:
@@ -678,6 +678,7 @@ def _all_pairs_cache(num_blocks: int, gen) -> torch.Tensor:
                                     dict(dequant="ptx", tok_block=8, num_warps=16),
                                     dict(dequant="ptx", page_parts=4, num_warps=2),
                                     dict(dequant="ptx", page_parts=8, num_warps=1),
+                                    dict(dequant="ptx", streaming=False),
                                     dict(dequant="triton", page_parts=2),
                                     dict(dequant="triton"), dict()])
 def test_gpu_gather_dequant_modes_bit_exact(tuning):

@@ -57,6 +57,8 @@ SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 # mean 1.13x, 1.12-1.29x on every 16K-token and 4K x 128K case, 16K x 128K 10.78 -> 8.39 ms;
 # the 5 slower ones are sub-2 ms eager timings; "fp8" keeps tokens on M: not timed).
 TOKENS_ON_N_DOTS = ("fp16", "bf16")
+# The gather's cache hints inside prefill, whose score kernel reads the workspace right after.
+PREFILL_GATHER_STREAMING = None  # None: the gather's own default
 
 
 @triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
@@ -141,7 +143,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                     out: torch.Tensor, *, dot: str | None = None,
                     num_splits: int | None = None, window: int | None = None,
                     block_m: int | None = None, num_warps: int = 4,
-                    num_stages: int = 2, tokens_on_n: bool | None = None) -> torch.Tensor:
+                    num_stages: int = 2, tokens_on_n: bool | None = None,
+                    gather_streaming: bool | None = None) -> torch.Tensor:
     """Selected pages of prefill requests into ``out`` (SPEC 5, 7).
 
     Args:
@@ -159,15 +162,17 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         num_warps / num_stages: launch options of the score kernel (tuning).
         tokens_on_n: page tokens on the MMA's N axis (``scoring.fp8_page_scores_n``: the max
         over tokens stays in registers) rather than M (tuning; default: True for the 16-bit
-        GPU dot modes, False for "fp8" and "fp32").
+        GPU dot modes, False for "fp8" and "fp32"; every dot mode runs either way).
+        gather_streaming: the workspace gather's ``streaming`` option (tuning; default
+        ``PREFILL_GATHER_STREAMING``).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
         ValueError: ``num_splits`` not None or an int in 1..MAX_SPLITS; ``window`` not None or
         a power of two in 1..64, or with window * BLOCK_M > 4096; ``block_m`` not None or a
         power of two in 16..256;
-        ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4; ``tokens_on_n``
-        not None or a bool, or True with dot "fp32" (the interpreter / CPU path).
+        ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4; ``tokens_on_n`` or
+        ``gather_streaming`` not None or a bool.
     """
     if num_splits is not None and (not isinstance(num_splits, int)
                                    or isinstance(num_splits, bool)
@@ -192,9 +197,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     dot = resolve_dot(dot, dev)
     if tokens_on_n is None:
         tokens_on_n = dot in TOKENS_ON_N_DOTS
-    elif tokens_on_n and dot == "fp32":
-        raise ValueError("tokens_on_n: True needs a GPU dot mode (fp16 / bf16 / fp8), got "
-                         "dot 'fp32'")
+    if gather_streaming is not None and type(gather_streaming) is not bool:
+        raise ValueError(f"gather_streaming: expected None or a bool, got {gather_streaming!r}")
     if t == 0 or num_reqs == 0:
         return out
     qsl = cu_seqlens_q.tolist()
@@ -225,7 +229,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         blocks, ws_off = meta[:2 * nb], meta[2 * nb:]
         if offsets[-1]:
             gather_into(cache, block_table[a:b], ws_off[1:] - ws_off[:-1], ws_off, workspace,
-                        max(need[a:b]), lengths_are_seq_lens=False, portable=portable)
+                        max(need[a:b]), lengths_are_seq_lens=False, portable=portable,
+                        streaming=(PREFILL_GATHER_STREAMING if gather_streaming is None
+                                   else gather_streaming))
         score_pages = max(p if p > SHORT_MAX_LOCAL else 0 for p in pages)
         ns = num_splits or _num_splits(nb, score_pages, num_sms)
         if score_pages == 0:
