@@ -325,6 +325,35 @@ def _scaled_mm(a, b, scale_a, scale_b, fast_accum: bool):
     return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
 
 
+def _matmul_rates(fns: dict, n: int, device: torch.device, make_fallback) -> dict:
+    """Time each ``fns[key]()`` (an [n, n] matmul; checked for shape and finite values first)
+    as a ceiling; a variant that raises is recorded with its error. Returns
+    ``{"m", "n", "k", "variants", "best", "tflops", "stand_in"}`` with the fastest variant;
+    on CPU, when none ran, ``make_fallback()()`` (an fp32 matmul) stands in, marked
+    ``stand_in``."""
+    flops = 2 * n ** 3
+    results, best = {}, None
+    for key, fn in fns.items():
+        try:
+            ref = fn()
+            if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
+                raise RuntimeError("unexpected output")
+            t = _time_ceiling(fn, device, calls=5, replays=10)
+            tf = flops / (t.us * 1e-6) / 1e12
+            results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
+                            "note": t.note}
+            if best is None or tf > results[best]["tflops"]:
+                best = key
+        except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
+            results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
+           "tflops": results[best]["tflops"] if best else None, "stand_in": False}
+    if best is None and device.type != "cuda":
+        t = time_eager([make_fallback()], device, warmup=1, max_samples=3, min_samples=2)
+        out.update(tflops=flops / (t.us * 1e-6) / 1e12, best="fp32-matmul", stand_in=True)
+    return out
+
+
 def fp8_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
     """cuBLAS FP8 matmul rate through ``torch._scaled_mm``: E4M3 [M, K] x E4M3 [K, N]
     (column-major) -> bf16, random operands, M = N = K = ``size`` (8192 on CUDA). Tries
@@ -343,31 +372,13 @@ def fp8_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
         "rowwise": (torch.ones(n, 1, dtype=torch.float32, device=device),
                     torch.ones(1, n, dtype=torch.float32, device=device)),
     }
-    flops = 2 * n ** 3
-    results, best = {}, None
-    for name, (sa, sb) in variants.items():
-        for fast in (False, True):
-            key = f"{name}{'+fast_accum' if fast else ''}"
-            try:
-                fn = lambda sa=sa, sb=sb, fast=fast: _scaled_mm(a, b, sa, sb, fast)  # noqa
-                ref = fn()
-                if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
-                    raise RuntimeError("unexpected output")
-                t = _time_ceiling(fn, device, calls=5, replays=10)
-                tf = flops / (t.us * 1e-6) / 1e12
-                results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
-                                "note": t.note}
-                if best is None or tf > results[best]["tflops"]:
-                    best = key
-            except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
-                results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
-           "tflops": results[best]["tflops"] if best else None, "stand_in": False}
-    if best is None and not cuda:
+    fns = {f"{name}{'+fast_accum' if fast else ''}":
+           functools.partial(_scaled_mm, a, b, sa, sb, fast)
+           for name, (sa, sb) in variants.items() for fast in (False, True)}
+    def fallback():
         af, bf = a.float(), b.float()
-        t = time_eager([lambda: af @ bf], device, warmup=1, max_samples=3, min_samples=2)
-        out.update(tflops=flops / (t.us * 1e-6) / 1e12, best="fp32-matmul", stand_in=True)
-    return out
+        return lambda: af @ bf
+    return _matmul_rates(fns, n, device, fallback)
 
 
 def mm16_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
@@ -382,30 +393,9 @@ def mm16_matmul_ceiling(device: torch.device, size: int | None = None) -> dict:
     gen = torch.Generator(device=device).manual_seed(12)
     a32 = torch.randn(n, n, device=device, generator=gen)
     b32 = torch.randn(n, n, device=device, generator=gen)
-    flops = 2 * n ** 3
-    results, best = {}, None
-    for dtype in (torch.float16, torch.bfloat16):
-        key = str(dtype).removeprefix("torch.")
-        try:
-            a, b = a32.to(dtype), b32.to(dtype)
-            fn = functools.partial(torch.matmul, a, b)
-            ref = fn()
-            if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
-                raise RuntimeError("unexpected output")
-            t = _time_ceiling(fn, device, calls=5, replays=10)
-            tf = flops / (t.us * 1e-6) / 1e12
-            results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
-                            "note": t.note}
-            if best is None or tf > results[best]["tflops"]:
-                best = key
-        except Exception as e:  # noqa: BLE001 - record why a dtype is unavailable
-            results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
-           "tflops": results[best]["tflops"] if best else None, "stand_in": False}
-    if best is None and not cuda:
-        t = time_eager([lambda: a32 @ b32], device, warmup=1, max_samples=3, min_samples=2)
-        out.update(tflops=flops / (t.us * 1e-6) / 1e12, best="fp32-matmul", stand_in=True)
-    return out
+    fns = {str(dt).removeprefix("torch."): functools.partial(torch.matmul, a32.to(dt), b32.to(dt))
+           for dt in (torch.float16, torch.bfloat16)}
+    return _matmul_rates(fns, n, device, lambda: lambda: a32 @ b32)
 
 
 # ---------------------------------------------------------------------------------------------

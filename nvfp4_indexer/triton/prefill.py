@@ -57,8 +57,6 @@ SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 # mean 1.13x, 1.12-1.29x on every 16K-token and 4K x 128K case, 16K x 128K 10.78 -> 8.39 ms;
 # the 5 slower ones are sub-2 ms eager timings; "fp8" keeps tokens on M: not timed).
 TOKENS_ON_N_DOTS = ("fp16", "bf16")
-# The gather's cache hints inside prefill, whose score kernel reads the workspace right after.
-PREFILL_GATHER_STREAMING = None  # None: the gather's own default
 
 
 @triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
@@ -163,8 +161,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         tokens_on_n: page tokens on the MMA's N axis (``scoring.fp8_page_scores_n``: the max
         over tokens stays in registers) rather than M (tuning; default: True for the 16-bit
         GPU dot modes, False for "fp8" and "fp32"; every dot mode runs either way).
-        gather_streaming: the workspace gather's ``streaming`` option (tuning; default
-        ``PREFILL_GATHER_STREAMING``).
+        gather_streaming: the workspace gather's ``streaming`` option (tuning; default: the
+        gather's own, ``gather.DEFAULT_STREAMING``).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
@@ -230,8 +228,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         if offsets[-1]:
             gather_into(cache, block_table[a:b], ws_off[1:] - ws_off[:-1], ws_off, workspace,
                         max(need[a:b]), lengths_are_seq_lens=False, portable=portable,
-                        streaming=(PREFILL_GATHER_STREAMING if gather_streaming is None
-                                   else gather_streaming))
+                        streaming=gather_streaming)
         score_pages = max(p if p > SHORT_MAX_LOCAL else 0 for p in pages)
         ns = num_splits or _num_splits(nb, score_pages, num_sms)
         if score_pages == 0:
