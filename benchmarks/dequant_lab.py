@@ -44,21 +44,44 @@ def log(msg: str) -> None:
 # (docs/benchmarks.md records what each knob did on an H200).
 VARIANTS = {
     "base": {},
+    "ptx": {"dequant": "ptx"},
     "triton": {"dequant": "triton"},
     "arith": {"dequant": "ptx_arith"},
-    "win1": {"window": 1},
-    "win64": {"window": 64},
-    "reg128": {"maxnreg": 128},
-    "reg168": {"maxnreg": 168},
+    "ptx win1": {"dequant": "ptx", "window": 1},
+    "ptx reg168": {"dequant": "ptx", "maxnreg": 168},
+    "ptx pps4": {"dequant": "ptx", "programs_per_sm": 4},
+    "ptx w8": {"dequant": "ptx", "num_warps": 8},
+    "ptx pdl": {"dequant": "ptx", "pdl": True},
+    "wg": {"dequant": "wgmma"},
+    "wg nosk": {"dequant": "wgmma", "wgmma_split_k": False},
+    "wg p4": {"dequant": "wgmma", "wgmma_parts": 4},
+    "wg p4 sw1": {"dequant": "wgmma", "wgmma_parts": 4, "select_warps": 1},
+    "wg sw1": {"dequant": "wgmma", "select_warps": 1},
+    "wg sw2": {"dequant": "wgmma", "select_warps": 2},
+    "wg p4 sw1 pps32": {"dequant": "wgmma", "wgmma_parts": 4, "select_warps": 1,
+                        "programs_per_sm": 32},
+    "wg sw1 pps32": {"dequant": "wgmma", "select_warps": 1, "programs_per_sm": 32},
+    "wg sw1 pps8": {"dequant": "wgmma", "select_warps": 1, "programs_per_sm": 8},
+    "wg ah2 sw1": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2},
+    "wg ah2 sw1 pps32": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2,
+                         "programs_per_sm": 32},
+    "wg ah2 sw1 pps8": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2,
+                        "programs_per_sm": 8},
+    "wg ah2 nosk sw1 pps32": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2,
+                              "programs_per_sm": 32, "wgmma_split_k": False},
+    "wg parts4": {"dequant": "wgmma", "wgmma_parts": 4},
+    "wg reg128": {"dequant": "wgmma", "wgmma_maxnreg": 128},
+    "wg parts4 reg128": {"dequant": "wgmma", "wgmma_parts": 4, "wgmma_maxnreg": 128},
+    "wg parts4 pps32": {"dequant": "wgmma", "wgmma_parts": 4, "programs_per_sm": 32},
+    "wg parts4 pps8": {"dequant": "wgmma", "wgmma_parts": 4, "programs_per_sm": 8},
+    "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
-    "pps16": {"programs_per_sm": 16},
-    "reg128 pps16": {"maxnreg": 128, "programs_per_sm": 16},
-    "w8": {"num_warps": 8},
-    "pdl": {"pdl": True},
+    "pps8": {"programs_per_sm": 8},
+    "pps32": {"programs_per_sm": 32},
     "ns64": {"num_splits": 64},
     "ns250": {"num_splits": 250},
 }
-QUICK_VARIANTS = ("base", "reg128", "pps16", "win1")
+QUICK_VARIANTS = ("base", "ptx", "pps4", "pps8")
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
          (128, 1_000)]  # (batch, nominal len)
 Q_LEN, HEADS = 8, 4
@@ -120,6 +143,20 @@ def check_operands(dev) -> list[tuple[str, str]]:
         kernel = operand_kernel()
     except Exception as e:  # noqa: BLE001
         return [("operands", f"ERROR defining kernel: {type(e).__name__}: {e}")]
+    try:
+        from nvfp4_indexer.triton import lut
+        codes, scales = lut.exhaustive_groups()
+        got = lut.lut_asm_dequant(codes.to(dev), scales.to(dev)).cpu()
+        want16 = lut.reference_f16_bits(codes, scales)
+        nan = want16 == 0x7E00
+        gnan = ((got & 0x7C00) == 0x7C00) & ((got & 0x3FF) != 0)
+        bad = int((got[~nan] != want16[~nan]).sum())
+        verdict = "bit-exact" if bad == 0 and torch.equal(nan, gnan) else \
+            f"FAIL ({bad} mismatches, NaN positions {'ok' if torch.equal(nan, gnan) else 'differ'})"
+    except Exception as e:  # noqa: BLE001
+        verdict = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    rows.append(("operands lut asm (16x256 pairs x 16 positions)", verdict))
+    log(f"operands lut asm: {verdict}")
     for mode in ("ptx", "ptx_arith"):
         try:
             got = torch.full((2, 128, 128), -7.0, dtype=torch.float16, device=dev)

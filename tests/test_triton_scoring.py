@@ -42,7 +42,8 @@ from nvfp4_indexer import reference as ref  # noqa: E402
 DEV = "cuda" if HAS_CUDA else "cpu"
 PAD_STRIDE = 9216 + 48  # a page stride with padding bytes (SPEC 2)
 GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)
-_MODULES = ("numerics", "dequantize", "gather", "topk", "scoring", "decode", "scores", "prefill")
+_MODULES = ("numerics", "dequantize", "gather", "topk", "scoring", "lut", "decode_wgmma", "decode",
+            "scores", "prefill")
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 

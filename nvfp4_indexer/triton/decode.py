@@ -77,6 +77,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
+from . import decode_wgmma
 from .numerics import device_guard, portable_default
 from .scoring import (
     DEQUANT_MODES,
@@ -101,6 +102,10 @@ from .topk import (
     write_selection,
 )
 
+# Page-score modes (``decode_wgmma``): scores to a [B, N, W] scratch, then a select kernel.
+PAGE_SCORE_MODES = ("wgmma", "lut")
+DECODE_DEQUANT_MODES = DEQUANT_MODES + PAGE_SCORE_MODES
+
 # b of SPEC 9's tie tolerance e = 2^-b * max_t sum_d |q_d K_d|, per dot mode (see module doc).
 SCORE_ERROR_BITS = {"fp16": 15, "bf16": 15, "fp8": 5, "fp32": 16}
 
@@ -110,6 +115,9 @@ MAX_SPLITS = 256
 MAX_ROWS = 64  # Q * H rows a score program holds (BLOCK_M)
 WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
+WGMMA_MIN_PAGES = 65536  # B * (W - 1) below this: the one-launch kernel (dequant "ptx")
+WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
+WGMMA_SELECT_WARPS = 1  # warps of a select program (one row, <= 1024 pages per step)
 MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM (H200 lab: +6-8 %)
 PAGE = tl.constexpr(PAGE_SIZE)  # tokens per page, for the kernels
 _DEFAULT_NUM_SMS = 132  # used off CUDA (interpreter) and by score_buffer_size without a GPU
@@ -174,7 +182,9 @@ def _window_elems(num_reqs: int, num_splits: int, rows: int, window: int) -> int
 def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: int = 8, *,
                       num_sms: int | None = None, window: int | None = None,
                       num_splits: int | None = None,
-                      programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+                      programs_per_sm: int = PROGRAMS_PER_SM, dequant: str | None = None,
+                      device=None, wgmma_parts: int = 1,
+                      wgmma_min_pages: int | None = None) -> int:
     """float32 elements of scratch a ``DecodeRunner`` needs (SPEC 6): its int64 candidate
     scratch and its fp32 page-score window buffer.
 
@@ -183,8 +193,10 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
         num_heads: index heads H. query_len: Q (1..8).
         num_sms: SMs of the GPU the runner will use; default: the current CUDA device's, or
             132 without CUDA.
-        window / num_splits / programs_per_sm: the runner's overrides, if it was given any
-            (defaults: ``choose_window`` / ``choose_num_splits`` / ``PROGRAMS_PER_SM``).
+        window / num_splits / programs_per_sm / dequant / wgmma_parts / wgmma_min_pages: the
+            runner's overrides, if it was given any (defaults: ``choose_window`` / ``choose_num_splits`` /
+            ``PROGRAMS_PER_SM`` / ``default_dequant`` of ``device``).
+        device: the runner's device (default: the current CUDA device, or the CPU).
     Returns:
         Number of float32 elements: the int64 candidate scratch (none when the runner does not
         split) followed by the window buffer (none for window 1). A buffer this size can back
@@ -192,10 +204,19 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
         once may share one: pass the largest size).
     No errors are raised here; bad sizes are refused by ``DecodeRunner``.
     """
-    if num_sms is None:
-        num_sms = _num_sms()
-    ns = num_splits or choose_num_splits(num_reqs, num_pages, num_sms, programs_per_sm)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if dequant is None:
+        dequant = choose_dequant(device, "fp32" if portable_default(device) else "fp16",
+                                 num_reqs, num_pages, wgmma_min_pages)
     rows = block_rows(query_len, num_heads)
+    if dequant in PAGE_SCORE_MODES:
+        return decode_wgmma.scratch_elems(num_reqs, num_pages, rows, wgmma_parts)
+    if num_sms is None:
+        num_sms = _num_sms(device)
+    ns = num_splits or choose_num_splits(num_reqs, num_pages, num_sms, programs_per_sm)
     window = window or choose_window(ns, num_pages, rows)
     keep = keep_per_split(ns, num_pages)
     return 2 * _scratch_elems(num_reqs, ns, rows, keep) + _window_elems(num_reqs, ns, rows,
@@ -312,8 +333,12 @@ class DecodeRunner:
         dot: dot mode (``scoring.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison (see SCORE_ERROR_BITS).
         num_splits: override NUM_SPLITS (tests / tuning): an int in 1..MAX_SPLITS.
-        dequant: how a page is dequantized (``scoring.DEQUANT_MODES``; default
-            ``default_dequant``: "ptx" on SM89+ GPUs with dot "fp16", else "triton"): "triton"
+        dequant: how a page is dequantized and scored (``DECODE_DEQUANT_MODES``; default
+            ``choose_dequant``: "wgmma" on SM90 GPUs for large batches, else "ptx" on SM89+
+            GPUs with dot "fp16", else "triton"). "wgmma": register-operand wgmma over
+            table-lookup dequantized keys, page scores to a scratch, then a select kernel
+            (``decode_wgmma``; SM90, dot "fp16"); "lut": its plain-Triton twin (dot "fp32",
+            any device, the interpreter included); "triton"
             (Triton ops, every dot mode), "ptx" (inline PTX with native E4M3 conversions) or
             "ptx_arith" (inline PTX, rounding by fp16 arithmetic, no conversion
             instructions); both ptx modes are bit-exact SPEC 1.4, need a CUDA GPU ("ptx" SM89+,
@@ -327,6 +352,12 @@ class DecodeRunner:
         maxnreg: register cap of the score kernel (tuning; default ``MAXNREG``, None: no cap).
         programs_per_sm: split target used by ``choose_num_splits`` (default
             ``PROGRAMS_PER_SM``; ignored when ``num_splits`` is given).
+        wgmma_parts / wgmma_maxnreg / wgmma_split_k / wgmma_ahead / select_warps /
+            wgmma_min_pages: knobs of the "wgmma" path (``decode_wgmma``): page-score partial
+            maxima per page (1, or 4 per-warp maxima merged by the select kernel), register
+            cap, two K=64 MMAs per page (fewer live registers), pages loaded ahead in
+            registers (1 or 2), warps per select program, and the B * (W - 1) below which the
+            default dequant is "ptx" instead (``choose_dequant``).
         pdl: launch the merge kernel with programmatic dependent launch (SM90+): it may start
             once every score program has scored its pages (``griddepcontrol``), and waits for
             the score grid's writes before reading them.
@@ -342,8 +373,11 @@ class DecodeRunner:
                  score_buffer: torch.Tensor | None = None, *, dot: str | None = None,
                  num_splits: int | None = None, warmup: bool | None = None,
                  dequant: str | None = None, window: int | None = None, num_warps: int = 4,
-                 num_stages: int = 2, programs_per_sm: int = PROGRAMS_PER_SM,
-                 maxnreg: int | None = MAXNREG, pdl: bool = False):
+                 num_stages: int = 2, programs_per_sm: int | None = None,
+                 maxnreg: int | None = MAXNREG, pdl: bool = False, wgmma_parts: int = 1,
+                 wgmma_maxnreg: int | None = None, wgmma_min_pages: int | None = None,
+                 wgmma_split_k: bool = True, select_warps: int | None = None,
+                 wgmma_ahead: int = 1):
         for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
                               ("width", width, 1), ("query_len", query_len, 1)):
             if not isinstance(val, int) or val < lo:
@@ -360,12 +394,22 @@ class DecodeRunner:
         self.block_m = block_rows(query_len, num_heads)
         self.dot = resolve_dot(dot, self.device)
         if dequant is None:
-            dequant = default_dequant(self.device, self.dot)
-        if dequant not in DEQUANT_MODES:
-            raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
-        if dequant != "triton" and (self.dot != "fp16" or portable_default(self.device)):
+            dequant = choose_dequant(self.device, self.dot, num_reqs, width, wgmma_min_pages)
+        if dequant not in DECODE_DEQUANT_MODES:
+            raise ValueError(f"dequant: expected one of {DECODE_DEQUANT_MODES}, got "
+                             f"{dequant!r}")
+        if dequant == "lut" and self.dot != "fp32":
+            raise ValueError(f"dequant: 'lut' scores with dot 'fp32', got dot {self.dot!r}")
+        if dequant == "wgmma" and (self.dot != "fp16"
+                                   or not decode_wgmma.wgmma_available(self.device)):
+            raise ValueError(f"dequant: 'wgmma' needs a CUDA SM90 GPU and dot 'fp16', got dot "
+                             f"{self.dot!r} on {self.device}")
+        if dequant in DEQUANT_MODES and dequant != "triton" and (
+                self.dot != "fp16" or portable_default(self.device)):
             raise ValueError(f"dequant: {dequant!r} needs a CUDA GPU and dot 'fp16', got dot "
                              f"{self.dot!r} on {self.device}")
+        if programs_per_sm is None:
+            programs_per_sm = WGMMA_PROGRAMS_PER_SM if dequant == "wgmma" else PROGRAMS_PER_SM
         if num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps: expected a power of two in 1..16, got {num_warps!r}")
         for name, val in (("num_stages", num_stages), ("programs_per_sm", programs_per_sm)):
@@ -402,8 +446,23 @@ class DecodeRunner:
         self.splits_pad = triton.next_power_of_2(self.num_splits)
         self.keep = keep_per_split(self.num_splits, width)
         self.merge_rows, self.merge_warps = merge_config(self.num_splits, self.keep)
-        n = _scratch_elems(num_reqs, self.num_splits, self.block_m, self.keep)
-        nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
+        if wgmma_parts not in (1, 4) or (wgmma_parts != 1 and dequant != "wgmma"):
+            raise ValueError(f"wgmma_parts: expected 1 or 4 (4: dequant 'wgmma' only), got "
+                             f"{wgmma_parts!r}")
+        self.wgmma_parts, self.wgmma_maxnreg = wgmma_parts, wgmma_maxnreg
+        if not isinstance(wgmma_split_k, bool) or select_warps not in (None, 1, 2, 4, 8):
+            raise ValueError(f"wgmma_split_k / select_warps: expected a bool / None or 1, 2, "
+                             f"4, 8, got {wgmma_split_k!r} / {select_warps!r}")
+        self.wgmma_split_k = wgmma_split_k
+        self.select_warps = WGMMA_SELECT_WARPS if select_warps is None else select_warps
+        if wgmma_ahead not in (1, 2):
+            raise ValueError(f"wgmma_ahead: expected 1 or 2 pages, got {wgmma_ahead!r}")
+        self.wgmma_ahead = wgmma_ahead
+        if dequant in PAGE_SCORE_MODES:  # one fp32 page-score scratch [B, PARTS, N, W]
+            n, nw = 0, decode_wgmma.scratch_elems(num_reqs, width, self.block_m, wgmma_parts)
+        else:
+            n = _scratch_elems(num_reqs, self.num_splits, self.block_m, self.keep)
+            nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
         if score_buffer is None:
             score_buffer = torch.empty(2 * max(n, 1) + nw, dtype=torch.float32,
                                        device=self.device)
@@ -469,6 +528,16 @@ class DecodeRunner:
                 f"[{b * q}, {h}, {HEAD_DIM}], block_table [{b}, {self.width}], seq_lens [{b}], "
                 f"out [{b * q}, {h}, {TOPK}]; got {tuple(index_q.shape)}, "
                 f"{tuple(block_table.shape)}, {tuple(seq_lens.shape)}, {tuple(out.shape)}")
+        if self.dequant in PAGE_SCORE_MODES:
+            with device_guard(self.device):
+                decode_wgmma.launch(self.dequant, index_q, cache, block_table, seq_lens, out,
+                                    self.win, num_blocks=cache.shape[0], query_len=q,
+                                    num_heads=h, rows=self.block_m,
+                                    num_splits=self.num_splits, parts=self.wgmma_parts,
+                                    maxnreg=self.wgmma_maxnreg, split_k=self.wgmma_split_k,
+                                    num_select_warps=self.select_warps,
+                                    ahead=self.wgmma_ahead)
+            return out
         q8 = index_q.view(torch.uint8)
         with device_guard(self.device):
             _decode_score_kernel[(b, self.num_splits)](
@@ -487,10 +556,25 @@ class DecodeRunner:
         return out
 
 
+def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
+                   min_pages: int | None = None) -> str:
+    """The runner's default dequant mode for a static shape: ``default_dequant``, except that
+    "wgmma" (two launches) gives way to the one-launch "ptx" kernel when the batch has fewer
+    than ``min_pages`` (default ``WGMMA_MIN_PAGES``) pages, B * (W - 1), or only short rows."""
+    mode = default_dequant(device, dot)
+    min_pages = WGMMA_MIN_PAGES if min_pages is None else min_pages
+    if mode == "wgmma" and (num_reqs * (width - 1) < min_pages or width - 1 <= 15):
+        return "ptx"
+    return mode
+
+
 def default_dequant(device: torch.device, dot: str) -> str:
-    """"ptx" where its conversions exist (CUDA SM89+) and the dot is fp16, else "triton"."""
+    """"wgmma" on SM90 GPUs (``decode_wgmma``), else "ptx" where its conversions exist (CUDA
+    SM89+), when the dot is fp16; "triton" otherwise."""
     if dot != "fp16" or portable_default(device) or device.type != "cuda":
         return "triton"
+    if decode_wgmma.wgmma_available(device):
+        return "wgmma"
     return "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "triton"
 
 

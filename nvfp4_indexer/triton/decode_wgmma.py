@@ -1,0 +1,221 @@
+"""Decode indexer with register-operand wgmma page scoring (SPEC 4-6): the Hopper fast path.
+
+Two launches per run:
+
+1. Score kernel, grid ``(B, NUM_SPLITS)`` (the split rule of ``decode.choose_num_splits``).
+   Program (b, s) scores its share of request b's history pages ``j < n`` for the request's
+   ``N`` query rows (row n = i*H + h; N = ``decode.block_rows``) and writes the fp32 page
+   scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Per page: 9 KB of raw bytes loaded
+   straight into registers in the layout of the wgmma A operand (each thread its own 16-byte
+   code runs, one prefetched page ahead), table-lookup dequantization in registers
+   (``lut.LUT_ASM``, bit-exact SPEC 1.4), one ``warpgroup_mma`` ``[128 tokens, 128] x [128, N]``
+   against the query held in shared memory for all pages (fp16 operands, fp32 accumulation:
+   the error bound of dot mode "fp16", SPEC 9 b = 15), and the NaN-skipping max over tokens.
+   Nothing but the query goes through shared memory.
+2. Select kernel (plain Triton), grid ``(B, Q*H)``: one row per program reads the row's page
+   scores ``j < L`` in chunks and keeps the top 15 (``topk.topk_merge``), then writes the
+   SPEC 5 output (``topk.write_selection``; short rows by formula, padding rows per SPEC 5).
+
+Dim order: any permutation of the 128 dims applied to both q and K leaves every dot product
+unchanged. The A tile's column c holds physical dim ``phys_dim(c)``, the order in which the
+lookup's outputs land in the MMA fragment; the query is loaded in the same order.
+
+The plain-Triton twin (``DEQUANT="lut"``: ``_portable_score_kernel``, interpreter and any GPU)
+has the same grid, scratch and select kernel; it dequantizes with ``lut.lut_dequant_portable``
+and scores with an fp32 dot (dot mode "fp32", b = 16). The CPU tests run it; the GPU tests
+compare the Gluon kernel against the reference.
+
+SPEC 10: both kernels clamp ``seq_len`` to ``W * 128`` (no page past the block-table row is
+read, no id >= W is written) and block ids to ``[0, num_blocks)``. Nothing depends on host
+values of the metadata; every scratch element a select program reads was written by the same
+run, so CUDA-graph replays after in-place metadata changes give fresh results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import HEAD_DIM, PAGE_SIZE
+from .lut import LUT_ASM, LUT_CONSTRAINTS, NEG_SCALE_MASK, lut_dequant_portable, lut_table
+from .numerics import e4m3_decode
+from .scoring import page_max
+from .topk import empty_topk, pack_candidate, topk_merge, write_selection, EMPTY
+
+PAGE = tl.constexpr(PAGE_SIZE)
+SELECT_CHUNK = 1024  # pages a select program merges per step
+
+
+def phys_dim(c: int) -> int:
+    """Physical dim of the A tile's column c (see module doc): with c = 64g' + 32pl + 16ph +
+    8w + 2j + e, dim 32j + 16g' + 8w + pl + 4ph + 2e (group 2j + g', word w, nibble
+    ``lut.PAIR_NIBBLES[2ph + pl][e]``)."""
+    e, j, w = c & 1, (c >> 1) & 3, (c >> 3) & 1
+    ph, pl, gp = (c >> 4) & 1, (c >> 5) & 1, (c >> 6) & 1
+    return 32 * j + 16 * gp + 8 * w + pl + 4 * ph + 2 * e
+
+
+@functools.lru_cache(maxsize=None)
+def _device_table(device: torch.device) -> torch.Tensor:
+    """The lookup table on ``device``, allocated once per device and kept alive (kernels take
+    its address; CUDA graphs capture it)."""
+    return lut_table(device)
+
+
+def wgmma_available(device) -> bool:
+    """True when the Gluon wgmma scorer can run on ``device``: a CUDA SM90 GPU (wgmma is a
+    Hopper instruction), not under the interpreter, with Gluon importable."""
+    from .numerics import portable_default
+    device = torch.device(device)
+    if portable_default(device) or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def scratch_elems(num_reqs: int, width: int, rows: int, parts: int = 1) -> int:
+    """float32 elements of page-score scratch: ``[B, PARTS, N, W]`` (PARTS partial maxima per
+    page score: 1, or 4 = one per warp's 32 tokens)."""
+    return num_reqs * parts * rows * width
+
+
+def select_warps(width: int) -> int:
+    """Warps of a select program: its chunk of up to ``SELECT_CHUNK`` pages over 1-4 warps."""
+    chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
+    return 1 if chunk <= 256 else 2 if chunk <= 512 else 4
+
+
+# --------------------------------------------------------------------------------------------
+# Select kernel (plain Triton: GPU and interpreter)
+# --------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
+def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
+                   H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr,
+                   PARTS: tl.constexpr = 1):
+    b = tl.program_id(0)
+    m = tl.program_id(1)  # row i*H + h of request b
+    i = m // H
+    h = m % H
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
+    p = seq_len - Q + i
+    local = tl.where(p >= 0, p // PAGE, 0)  # padding rows (p < 0) select like L = 0
+    row_scores = scores_ptr + (b.to(tl.int64) * PARTS * N + m) * width
+    top = empty_topk(1, 16)
+    for c0 in range(0, tl.where(local > 15, local, 0), CHUNK):  # short rows: by formula
+        jj = c0 + tl.arange(0, CHUNK)
+        ok = jj < local
+        s = tl.load(row_scores + jj, mask=ok, other=0.0)
+        for part in tl.static_range(1, PARTS):  # NaN-skipping max of the partial maxima
+            t = tl.load(row_scores + part * N * width + jj, mask=ok, other=0.0)
+            s = tl.where(s != s, t, tl.where(t != t, s, tl.maximum(s, t)))
+        keys = tl.where(ok, pack_candidate(s, jj), EMPTY)
+        top = topk_merge(top, keys[None, :])
+    one = tl.zeros([1], tl.int32)
+    row = (b * Q + i).to(tl.int64)
+    write_selection(top, local + one, out_ptr + (row * H + h) * 16 + one, one == 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain-Triton twin of the score kernel (DEQUANT="lut": interpreter and any GPU)
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def _page_range(seq_lens_ptr, b, split, width, NUM_SPLITS: tl.constexpr):
+    """``(seq_len clamped to W*128, first page, end page)`` of program (b, split): the split's
+    share of the last query's history, none when every row is short (SPEC 5)."""
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
+    n_pages = tl.maximum(seq_len - 1, 0) // PAGE
+    n_pages = tl.where(n_pages > 15, n_pages, 0)
+    per = tl.cdiv(n_pages, NUM_SPLITS)
+    start = split * per
+    return seq_len, start, tl.minimum(start + per, n_pages)
+
+
+@triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride"])
+def _portable_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
+                           num_blocks, bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr,
+                           scores_ptr, Q: tl.constexpr, H: tl.constexpr, N: tl.constexpr,
+                           NUM_SPLITS: tl.constexpr):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    _, start, end = _page_range(seq_lens_ptr, b, split, width, NUM_SPLITS)
+    n = tl.arange(0, N)
+    row_ok = n < Q * H
+    row = (b * Q + n // H).to(tl.int64)
+    q_off = row * q_row_stride + (n % H) * q_head_stride
+    d = tl.arange(0, HEAD_DIM)[:, None]
+    qb = tl.load(q_ptr + q_off[None, :] + d, mask=row_ok[None, :], other=0)
+    q_t = e4m3_decode(qb)  # [128, N] fp32, exact
+    t = tl.arange(0, PAGE)[:, None]
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    out_row = scores_ptr + (b.to(tl.int64) * N + n) * width
+    bt_row = bt_ptr + b.to(tl.int64) * bt_stride
+    for j in range(start, end):
+        blk = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
+        page = cache_ptr + blk * page_stride
+        cb = tl.load(page + t * 64 + dims // 2).to(tl.int32)  # byte of dim d, per token
+        codes = (cb >> ((dims % 2) * 4)) & 15
+        sb = tl.load(page + 8192 + t * 8 + dims // 16).to(tl.int32)
+        k = lut_dequant_portable(codes, sb, tbl_ptr).to(tl.float32)
+        acc = tl.dot(k, q_t, input_precision="ieee", out_dtype=tl.float32)
+        tl.store(out_row + j, page_max(acc))
+
+
+def gluon_layouts(rows: int, num_warps: int = 4):
+    """Constexpr layouts of the Gluon kernel for N = ``rows`` query rows and 4 warps:
+    ``(CL, MMA, QL, B_SL)`` -- the code-load layout whose lane / warp bases are those of the
+    wgmma A operand, the MMA accumulator, the query load and the query's shared layout."""
+    if num_warps != 4:
+        raise ValueError(f"num_warps: the wgmma scorer runs one warpgroup (4), got {num_warps}")
+    from triton.experimental.gluon import language as gl
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0], [64, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[128, 4, 2])
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                    instr_shape=[16, rows, 16])
+    ql = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    b_sl = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * rows), element_bitwidth=16,
+                                rank=2)
+    return cl, mma, ql, b_sl
+
+
+def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
+           query_len: int, num_heads: int, rows: int, num_splits: int, parts: int = 1,
+           maxnreg: int | None = None, split_k: bool = True,
+           num_select_warps: int | None = None, ahead: int = 1) -> None:
+    """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
+    least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "wgmma" (Gluon, SM90) or "lut"
+    (the plain-Triton twin). Shapes are the caller's (``decode.DecodeRunner``) to check."""
+    b, width = block_table.shape
+    q8 = index_q.view(torch.uint8)
+    table = _device_table(cache.device)
+    grid = (b, num_splits)
+    if dequant == "wgmma":
+        from .wgmma_scorer import wgmma_score_kernel
+        cl, mma, ql, b_sl = gluon_layouts(rows)
+        wgmma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 8,
+                     num_blocks,
+                     block_table, block_table.stride(0), width, seq_lens, table.data_ptr(),
+                     scores, Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits,
+                     CL=cl, MMA=mma, QL=ql, B_SL=b_sl, PARTS=parts, SPLIT_K=split_k,
+                     AHEAD=ahead, num_warps=4,
+                     **({"maxnreg": maxnreg} if maxnreg else {}))
+    else:
+        parts = 1
+        _portable_score_kernel[grid](
+            q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,
+            block_table.stride(0), width, seq_lens, table.view(torch.uint8), scores,
+            Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits, num_warps=4)
+    chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
+    _select_kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len,
+                                               H=num_heads, N=rows, CHUNK=chunk,
+                                               PARTS=parts,
+                                               num_warps=num_select_warps or select_warps(width))

@@ -1,0 +1,179 @@
+"""Table-lookup NVFP4 dequantization to fp16 operands (SPEC 1.4), for the wgmma decode scorer.
+
+A dequantized key depends only on (code, scale byte): ``dequant_e4m3(c, s) =
+encode_e4m3(e2m1(c) * s)``. Its sign is sign(c) xor sign(s) (rounding is symmetric) and its
+magnitude is one of 8 values per scale byte. Every E4M3 value is an fp16 whose low 7 bits are
+zero, so fp16 bits 7..14 (5 exponent + 3 mantissa bits) hold the whole magnitude: one byte.
+
+``lut_table`` is the 256-row table of those bytes: row s, byte m (m = 0..7) =
+``fp16_bits(dequant_e4m3(m, s & 0x7F)) >> 7`` (2 KB, built by the reference encoder, so every
+case -- subnormal results, saturation at 448, NaN scales -- is exact by construction). A
+value's fp16 bits are then ``(T[s][c & 7] << 7) | ((c >> 3) ^ (s >> 7)) << 15``.
+
+Two implementations of that formula:
+
+- ``LUT_ASM`` (GPU): one group of 16 codes (an int64: dims 16G .. 16G+15, two 32-bit words) ->
+  eight f16x2 registers, 17 integer instructions per word of 8 codes: the scale's sign is
+  xor-ed into the code sign bits, two byte permutes (``prmt``) look up 4 magnitudes each in the
+  table row, two more per output pair place a magnitude byte and its sign bit, a shift moves
+  them onto fp16 bits 7..15. Output pair p of a word holds its nibbles ``PAIR_NIBBLES[p]``.
+- ``lut_dequant_portable`` (any backend, the interpreter included): the same formula with
+  Triton gathers and integer ops; the CPU tests check it against the reference for all 16
+  codes x 256 scale bytes, and the GPU tests check ``LUT_ASM`` the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import GROUP_SIZE
+
+# Nibbles (within a 32-bit word of 8 codes) of output pair p's low and high fp16 half.
+PAIR_NIBBLES = ((0, 2), (1, 3), (4, 6), (5, 7))
+NAN_MAGNITUDE_BYTE = 0xFC  # fp16 0x7E00 >> 7: a quiet NaN
+
+
+def lut_table(device=None) -> torch.Tensor:
+    """The dequantization table (see module doc): int64 ``[256]``, byte m of entry s (little
+    endian) = fp16 bits 7..14 of ``dequant_e4m3(m, s & 0x7F)``; NaN results give 0xFC."""
+    from ..reference.formats import E2M1_MAGNITUDES, decode_e4m3, encode_e4m3
+    s = decode_e4m3(torch.arange(256, dtype=torch.int32).to(torch.uint8) & 0x7F)  # |scale|
+    mag = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    k = encode_e4m3(mag[None, :] * s[:, None])  # [256, 8], exact product, one rounding
+    f16 = k.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    byte = torch.where(torch.isnan(k.to(torch.float32)), NAN_MAGNITUDE_BYTE, (f16 >> 7) & 0xFF)
+    shifts = torch.arange(8, dtype=torch.int64) * 8
+    table = (byte << shifts).sum(dim=1)  # disjoint bytes: the sum is an OR
+    return table.to(device) if device is not None else table
+
+
+def lut_dequant_f16_bits(codes: torch.Tensor, scale_bytes: torch.Tensor,
+                         table: torch.Tensor | None = None) -> torch.Tensor:
+    """Host emulation of the table formula: fp16 bit patterns (int32, 0..0xFFFF) of
+    ``dequant_e4m3(codes, scale_bytes)`` for int tensors of codes (0..15) and scale bytes
+    (0..255) of one shape. For tests and documentation; the reference is ``reference.formats``."""
+    table = lut_table() if table is None else table.cpu()
+    c = codes.to(torch.int64)
+    s = scale_bytes.to(torch.int64)
+    mag = (table[s] >> ((c & 7) * 8)) & 0xFF
+    sign = ((c >> 3) ^ (s >> 7)) & 1
+    return ((mag << 7) | (sign << 15)).to(torch.int32)
+
+
+@triton.jit
+def lut_dequant_portable(codes, sbytes, tbl_ptr):
+    """fp16 dequantized keys (SPEC 1.4) of E2M1 ``codes`` (int32, 0..15) with E4M3 scale bytes
+    ``sbytes`` (int32, 0..255, same shape) through the table at ``tbl_ptr`` (uint8 view of
+    ``lut_table``): the module's formula with a gather and integer ops (runs everywhere)."""
+    mag = tl.load(tbl_ptr + sbytes * 8 + (codes & 7)).to(tl.int32)
+    sign = ((codes >> 3) ^ (sbytes >> 7)) & 1
+    bits = (mag << 7) | (sign << 15)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+def _lut_word_asm(word: str, first_out: int) -> str:
+    """PTX of one 32-bit code word -> output registers ``$first_out .. $first_out + 3``."""
+    a, b, c, d = (f"${first_out + i}" for i in range(4))
+    return f"""and.b32 x, {word}, 0x77777777;    // 3-bit magnitude index of each nibble
+shr.u32 xh, x, 16;                   // indices of nibbles 4..7 in the low half
+prmt.b32 rl, tl, th, x;              // rl = [T(n0) T(n1) T(n2) T(n3)]
+prmt.b32 rh, tl, th, xh;             // rh = [T(n4) T(n5) T(n6) T(n7)]
+shr.u32 so, {word}, 7;
+and.b32 so, so, 0x01010101;          // byte k = sign of nibble 2k+1
+shr.u32 se, {word}, 3;
+and.b32 se, se, 0x01010101;          // byte k = sign of nibble 2k
+prmt.b32 p, rl, se, 0x5240;          // [T(n0) s0 T(n2) s2]
+shl.b32 {a}, p, 7;                   // -> f16x2 (n0, n2)
+prmt.b32 p, rl, so, 0x5341;          // [T(n1) s1 T(n3) s3]
+shl.b32 {b}, p, 7;                   // -> f16x2 (n1, n3)
+prmt.b32 p, rh, se, 0x7260;          // [T(n4) s4 T(n6) s6]
+shl.b32 {c}, p, 7;                   // -> f16x2 (n4, n6)
+prmt.b32 p, rh, so, 0x7361;          // [T(n5) s5 T(n7) s7]
+shl.b32 {d}, p, 7;                   // -> f16x2 (n5, n7)
+"""
+
+
+# Inputs: $8 = int64, 16 codes of one group (low word: dims 16G..16G+7, nibble k = dim
+# 16G + k); $9 = address of the table entry of the group's scale byte; $10 = 0x88888888 for a
+# negative scale byte, else 0. Outputs $0..$3 from the low word, $4..$7 from the high word.
+LUT_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, so, se, p, tl, th;\n"
+           "mov.b64 {wl, wh}, $8;\n"
+           "ld.global.nc.v2.b32 {tl, th}, [$9];  // the scale's 8 magnitude bytes\n"
+           "xor.b32 wl, wl, $10;                // negative scale: flip the code signs\n"
+           "xor.b32 wh, wh, $10;\n"
+           + _lut_word_asm("wl", 0) + _lut_word_asm("wh", 4) + "}")
+LUT_CONSTRAINTS = "=r,=r,=r,=r,=r,=r,=r,=r,l,l,r"
+NEG_SCALE_MASK = 0x88888888 - 2 ** 32  # as int32
+_ASM_C = tl.constexpr(LUT_ASM)
+_CONSTRAINTS_C = tl.constexpr(LUT_CONSTRAINTS)
+_NEG_C = tl.constexpr(NEG_SCALE_MASK)
+
+
+@triton.jit
+def _lut_asm_probe_kernel(codes_ptr, sbytes_ptr, tbl_addr, out_ptr, N: tl.constexpr):
+    """GPU test kernel: ``LUT_ASM`` on N groups (int64 codes, uint8 scale bytes) -> int32
+    ``[N, 8]`` f16x2 words (exactly the registers the scorer feeds its MMA)."""
+    i = tl.arange(0, N)
+    codes = tl.load(codes_ptr + i)
+    s = tl.load(sbytes_ptr + i).to(tl.int32)
+    addr = tbl_addr + s.to(tl.int64) * 8
+    neg = tl.where(s >= 128, _NEG_C, 0)
+    o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+        _ASM_C, _CONSTRAINTS_C, [codes, addr, neg],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32),
+        is_pure=True, pack=1)
+    base = out_ptr + i * 8
+    tl.store(base + 0, o0)
+    tl.store(base + 1, o1)
+    tl.store(base + 2, o2)
+    tl.store(base + 3, o3)
+    tl.store(base + 4, o4)
+    tl.store(base + 5, o5)
+    tl.store(base + 6, o6)
+    tl.store(base + 7, o7)
+
+
+def lut_asm_dequant(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """Run ``LUT_ASM`` on a CUDA GPU (tests): ``codes`` uint8 ``[N, 8]`` (one group of 16 codes
+    per row, SPEC 2 byte order), ``scale_bytes`` uint8 ``[N]``; N a power of two.
+    Returns int32 ``[N, 16]``: the fp16 bits of dims 0..15 of each group (pairs unpacked with
+    ``PAIR_NIBBLES``)."""
+    n = codes.shape[0]
+    table = lut_table(codes.device)
+    out = torch.empty((n, 8), dtype=torch.int32, device=codes.device)
+    _lut_asm_probe_kernel[(1,)](codes.contiguous().view(torch.int64).reshape(n), scale_bytes,
+                                table.data_ptr(), out, N=n)
+    words = out.to(torch.int64) & 0xFFFFFFFF
+    res = torch.empty((n, GROUP_SIZE), dtype=torch.int32, device=codes.device)
+    for w in range(2):
+        for p, (lo, hi) in enumerate(PAIR_NIBBLES):
+            reg = words[:, 4 * w + p]
+            res[:, 8 * w + lo] = (reg & 0xFFFF).to(torch.int32)
+            res[:, 8 * w + hi] = (reg >> 16).to(torch.int32)
+    return res
+
+
+def exhaustive_groups() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (code, scale byte) pair in every nibble position (tests, labs): 4096 groups,
+    ``(codes uint8 [4096, 8], scale bytes uint8 [4096])``; group 16s + r holds codes
+    ``(k + r) % 16`` at dims k = 0..15 with scale byte s."""
+    r = torch.arange(16)
+    nib = (torch.arange(16)[None, :] + r[:, None]) % 16  # [16 r, 16 dims]
+    packed = (nib[:, 0::2] | (nib[:, 1::2] << 4)).to(torch.uint8)  # dim 2i low, 2i+1 high
+    codes = packed.repeat(256, 1)
+    scales = torch.arange(256).repeat_interleave(16).to(torch.uint8)
+    return codes, scales
+
+
+def reference_f16_bits(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """fp16 bits (int32) of the reference ``dequant_e4m3`` (SPEC 1.4) of groups given as in
+    ``exhaustive_groups``: ``[N, 16]``; NaN results as 0x7E00 (compare NaN positions only)."""
+    from ..reference.formats import decode_e4m3, e2m1_value, encode_e4m3
+    c = codes.cpu().to(torch.int64)
+    nib = torch.stack([c & 15, c >> 4], dim=-1).reshape(c.shape[0], GROUP_SIZE)
+    s = decode_e4m3(scale_bytes.cpu())[:, None]
+    k = encode_e4m3(e2m1_value(nib) * s).to(torch.float16)
+    bits = k.view(torch.int16).to(torch.int32) & 0xFFFF
+    return torch.where(torch.isnan(k), 0x7E00, bits)

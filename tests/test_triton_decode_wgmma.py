@@ -1,0 +1,189 @@
+"""The wgmma decode path (``triton.decode_wgmma``, ``triton.lut``) vs the reference (SPEC 1.4,
+4-6, 9, 10).
+
+CPU (interpreter): the lookup table and its portable twin bit for bit over all 16 codes x 256
+scale bytes; the plain-Triton twin of the two-launch decode ("lut": same scratch, same select
+kernel) against the exact reference, with poisoned outputs, NaN / negative-scale pages, exact
+ties, and SPEC 10 clamps (block ids outside the cache, seq_lens past the table width).
+GPU (SM90): the inline-PTX lookup bit for bit, and the Gluon wgmma scorer with its knobs
+against the reference (tie-aware, b = 15), in CUDA-graph replays after in-place changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_triton_scoring import (  # noqa: F401  (sets TRITON_INTERPRET before the kernels)
+    DECODE,
+    DEV,
+    HAS_CUDA,
+    Batch,
+    K,
+    assert_guards,
+    decode_check,
+    decode_lens,
+    poisoned_out,
+    random_q,
+)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from nvfp4_indexer import reference as ref  # noqa: E402
+from nvfp4_indexer.triton import lut  # noqa: E402
+
+WG = K["decode_wgmma"]
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
+
+
+def _strict_equal(got_bits: torch.Tensor, want_bits: torch.Tensor) -> None:
+    """fp16 bit patterns equal, NaN results compared by position only."""
+    nan = want_bits == 0x7E00
+    gnan = ((got_bits & 0x7C00) == 0x7C00) & ((got_bits & 0x3FF) != 0)
+    assert torch.equal(nan, gnan)
+    assert torch.equal(got_bits[~nan].cpu(), want_bits[~nan].cpu())
+
+
+def test_lut_table_formula_bit_exact():
+    """The table formula (magnitude byte << 7, sign = code sign xor scale sign) gives the
+    reference dequant_e4m3 for every (code, scale byte) pair (SPEC 1.4), zero signs included."""
+    codes, scales = lut.exhaustive_groups()
+    nib = torch.stack([codes.long() & 15, codes.long() >> 4], dim=-1).reshape(-1, 16)
+    got = lut.lut_dequant_f16_bits(nib, scales[:, None].expand(-1, 16))
+    _strict_equal(got, lut.reference_f16_bits(codes, scales))
+
+
+@triton.jit
+def _portable_kernel(codes_ptr, scales_ptr, tbl_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    c = tl.load(codes_ptr + i).to(tl.int32)
+    s = tl.load(scales_ptr + i).to(tl.int32)
+    v = lut.lut_dequant_portable(c, s, tbl_ptr)
+    tl.store(out_ptr + i, v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+
+
+def test_lut_portable_kernel_bit_exact():
+    """``lut_dequant_portable`` (the interpreter's twin of the PTX lookup) over all pairs."""
+    codes, scales = lut.exhaustive_groups()
+    nib = torch.stack([codes.long() & 15, codes.long() >> 4], dim=-1).reshape(-1)
+    sc = scales.long().repeat_interleave(16)
+    out = torch.full((nib.numel(),), -7, dtype=torch.int32, device=DEV)
+    table = lut.lut_table(DEV).view(torch.uint8)
+    _portable_kernel[(1,)](nib.to(torch.uint8).to(DEV), sc.to(torch.uint8).to(DEV), table, out,
+                           N=nib.numel())
+    _strict_equal(out.reshape(-1, 16), lut.reference_f16_bits(codes, scales))
+
+
+def test_phys_dim_is_a_permutation():
+    assert sorted(WG.phys_dim(c) for c in range(128)) == list(range(128))
+
+
+def _special_pages(batch: Batch) -> None:
+    """NaN pages, a partly NaN page, negative and saturating scales (corrupted caches)."""
+    g = torch.Generator().manual_seed(9)
+    for k, (r, j) in enumerate(((0, 3), (0, 11), (6, 2), (6, 14), (7, 4))):
+        page = batch.page_bytes(int(batch.block_table[r, j]))
+        if k < 2:
+            page[8192:] = 0x7F  # all NaN
+        elif k == 2:
+            page[8192:8192 + 8 * 60] = 0xFF  # tokens 0..59 NaN
+        elif k == 3:
+            page[8192:] = (torch.randint(1, 0x7F, (1024,), generator=g) | 0x80).to(torch.uint8)
+        else:
+            page[8192:] = 0x7E  # 6 * 448 saturates
+
+
+@pytest.mark.parametrize("q_len,heads,num_splits", [(1, 1, 1), (2, 2, 3), (8, 1, None),
+                                                    (4, 4, 2)])
+def test_decode_lut_twin_matches_reference(q_len, heads, num_splits):
+    """The two-launch path with its plain-Triton scorer: selections valid against the exact
+    scores (tie-aware, b = 16), exact ties (aliased blocks) by smaller id, NaN pages below
+    every number, nothing written outside ``out``'s rows."""
+    aliases = ((0, 2, 9), (7, 0, 5))
+    batch = Batch(decode_lens(q_len), seed=20 + q_len, alias=list(aliases))
+    _special_pages(batch)
+    b = batch.seq_lens.shape[0]
+    q = random_q(b * q_len, heads, seed=q_len + 1)
+    big, out = poisoned_out(b * q_len, heads)
+    dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dequant=dequant,
+                                 num_splits=num_splits, **({} if HAS_CUDA else {"dot": "fp32"}))
+    runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
+    assert_guards(big)
+    decode_check(batch, q, q_len, out, runner.error_bits, aliases)
+
+
+def test_decode_lut_spec10_clamps():
+    """SPEC 10: block ids outside the cache and seq_lens past the table width (metadata edited
+    after planning) never read outside the cache or the table row: output ids stay in [0, W)
+    with the local page clamped to W - 1, and history slots hold real ids."""
+    q_len, heads = 2, 2
+    batch = Batch([2400, 2300], seed=4)
+    b, w = batch.block_table.shape
+    bt = batch.block_table.clone()
+    bt[0, 5] = 10 ** 6  # far outside the cache
+    bt[1, 7] = -3
+    seq = torch.tensor([w * 128 + 5000, 2300], dtype=torch.int32, device=DEV)
+    q = random_q(b * q_len, heads, seed=2)
+    big, out = poisoned_out(b * q_len, heads)
+    dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
+    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, dequant=dequant, num_splits=2,
+                                 **({} if HAS_CUDA else {"dot": "fp32"}))
+    runner.run(q, batch.cache, bt, seq, out)
+    assert_guards(big)
+    o = out.cpu()
+    assert int(o.min()) >= 0 and int(o.max()) < w
+    assert (o[0:2, :, 15] == w - 1).all()  # request 0: local page clamped to the width
+    for row in o[0:2].reshape(-1, 16):  # 15 distinct history pages
+        assert len(set(row[:15].tolist())) == 15
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_lut_asm_bit_exact():
+    """The inline-PTX lookup (the registers the wgmma scorer feeds its MMA) over all pairs."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("needs SM80+")
+    codes, scales = lut.exhaustive_groups()
+    got = lut.lut_asm_dequant(codes.to(DEV), scales.to(DEV))
+    _strict_equal(got, lut.reference_f16_bits(codes, scales))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("knobs", [{}, {"wgmma_parts": 4}, {"wgmma_split_k": False},
+                                   {"wgmma_ahead": 2}, {"select_warps": 4}])
+def test_gpu_wgmma_decode_graph_replays(knobs):
+    """The Gluon scorer with each knob: tie-aware vs the exact reference (b = 15), captured
+    once in a CUDA graph and replayed after in-place changes of seq_lens."""
+    if not WG.wgmma_available(DEV):
+        pytest.skip("needs an SM90 GPU")
+    q_len, heads = 8, 4
+    lens = [40_000, 0, 129, 2050, 16_500, 12_345, 33_000, 19_999]
+    batch = Batch(lens, seed=31)
+    _special_pages(batch)
+    b = len(lens)
+    q = random_q(b * q_len, heads, seed=5)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dequant="wgmma", **knobs)
+    bt, seq = batch.block_table.clone(), batch.seq_lens.clone()
+    big, out = poisoned_out(b * q_len, heads)
+    runner.run(q, batch.cache, bt, seq, out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.run(q, batch.cache, bt, seq, out)
+    g = torch.Generator().manual_seed(3)
+    for step in range(3):
+        new = [max(q_len, s - int(torch.randint(0, 3000, (1,), generator=g))) if s else 0
+               for s in lens]
+        seq.copy_(torch.tensor(new, dtype=torch.int32))
+        batch.seq_lens.copy_(seq)
+        out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_guards(big)
+        decode_check(batch, q, q_len, out, runner.error_bits)
+        want = ref.decode_indexer(q, batch.cache, bt, seq, q_len)
+        assert (out == want).all(-1).float().mean() > 0.95  # ties aside, the same pages
