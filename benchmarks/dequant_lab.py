@@ -53,27 +53,8 @@ VARIANTS = {
     "ptx w8": {"dequant": "ptx", "num_warps": 8},
     "ptx pdl": {"dequant": "ptx", "pdl": True},
     "wg": {"dequant": "wgmma"},
-    "wg nosk": {"dequant": "wgmma", "wgmma_split_k": False},
-    "wg p4": {"dequant": "wgmma", "wgmma_parts": 4},
-    "wg p4 sw1": {"dequant": "wgmma", "wgmma_parts": 4, "select_warps": 1},
-    "wg sw1": {"dequant": "wgmma", "select_warps": 1},
-    "wg sw2": {"dequant": "wgmma", "select_warps": 2},
-    "wg p4 sw1 pps32": {"dequant": "wgmma", "wgmma_parts": 4, "select_warps": 1,
-                        "programs_per_sm": 32},
-    "wg sw1 pps32": {"dequant": "wgmma", "select_warps": 1, "programs_per_sm": 32},
-    "wg sw1 pps8": {"dequant": "wgmma", "select_warps": 1, "programs_per_sm": 8},
-    "wg ah2 sw1": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2},
-    "wg ah2 sw1 pps32": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2,
-                         "programs_per_sm": 32},
-    "wg ah2 sw1 pps8": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2,
-                        "programs_per_sm": 8},
-    "wg ah2 nosk sw1 pps32": {"dequant": "wgmma", "select_warps": 1, "wgmma_ahead": 2,
-                              "programs_per_sm": 32, "wgmma_split_k": False},
-    "wg parts4": {"dequant": "wgmma", "wgmma_parts": 4},
-    "wg reg128": {"dequant": "wgmma", "wgmma_maxnreg": 128},
-    "wg parts4 reg128": {"dequant": "wgmma", "wgmma_parts": 4, "wgmma_maxnreg": 128},
-    "wg parts4 pps32": {"dequant": "wgmma", "wgmma_parts": 4, "programs_per_sm": 32},
-    "wg parts4 pps8": {"dequant": "wgmma", "wgmma_parts": 4, "programs_per_sm": 8},
+    "wg pps16": {"dequant": "wgmma", "programs_per_sm": 16},
+    "wg pps64": {"dequant": "wgmma", "programs_per_sm": 64},
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
     "pps8": {"programs_per_sm": 8},
@@ -81,7 +62,7 @@ VARIANTS = {
     "ns64": {"num_splits": 64},
     "ns250": {"num_splits": 250},
 }
-QUICK_VARIANTS = ("base", "ptx", "pps4", "pps8")
+QUICK_VARIANTS = ("base", "ptx", "wg", "pps8")
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
          (128, 1_000)]  # (batch, nominal len)
 Q_LEN, HEADS = 8, 4

@@ -154,11 +154,10 @@ def test_gpu_lut_asm_bit_exact():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("knobs", [{}, {"wgmma_parts": 4}, {"wgmma_split_k": False},
-                                   {"wgmma_ahead": 2}, {"select_warps": 4}])
-def test_gpu_wgmma_decode_graph_replays(knobs):
-    """The Gluon scorer with each knob: tie-aware vs the exact reference (b = 15), captured
-    once in a CUDA graph and replayed after in-place changes of seq_lens."""
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+def test_gpu_wgmma_decode_graph_replays(num_splits):
+    """The Gluon scorer: tie-aware vs the exact reference (b = 15), captured once in a CUDA
+    graph and replayed after in-place changes of seq_lens."""
     if not WG.wgmma_available(DEV):
         pytest.skip("needs an SM90 GPU")
     q_len, heads = 8, 4
@@ -167,7 +166,8 @@ def test_gpu_wgmma_decode_graph_replays(knobs):
     _special_pages(batch)
     b = len(lens)
     q = random_q(b * q_len, heads, seed=5)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dequant="wgmma", **knobs)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dequant="wgmma",
+                                 num_splits=num_splits)
     bt, seq = batch.block_table.clone(), batch.seq_lens.clone()
     big, out = poisoned_out(b * q_len, heads)
     runner.run(q, batch.cache, bt, seq, out)

@@ -117,7 +117,6 @@ WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 WGMMA_MIN_PAGES = 65536  # B * (W - 1) below this: the one-launch kernel (dequant "ptx")
 WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
-WGMMA_SELECT_WARPS = 1  # warps of a select program (one row, <= 1024 pages per step)
 MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM (H200 lab: +6-8 %)
 PAGE = tl.constexpr(PAGE_SIZE)  # tokens per page, for the kernels
 _DEFAULT_NUM_SMS = 132  # used off CUDA (interpreter) and by score_buffer_size without a GPU
@@ -183,8 +182,7 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
                       num_sms: int | None = None, window: int | None = None,
                       num_splits: int | None = None,
                       programs_per_sm: int = PROGRAMS_PER_SM, dequant: str | None = None,
-                      device=None, wgmma_parts: int = 1,
-                      wgmma_min_pages: int | None = None) -> int:
+                      device=None, wgmma_min_pages: int | None = None) -> int:
     """float32 elements of scratch a ``DecodeRunner`` needs (SPEC 6): its int64 candidate
     scratch and its fp32 page-score window buffer.
 
@@ -193,8 +191,8 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
         num_heads: index heads H. query_len: Q (1..8).
         num_sms: SMs of the GPU the runner will use; default: the current CUDA device's, or
             132 without CUDA.
-        window / num_splits / programs_per_sm / dequant / wgmma_parts / wgmma_min_pages: the
-            runner's overrides, if it was given any (defaults: ``choose_window`` / ``choose_num_splits`` /
+        window / num_splits / programs_per_sm / dequant / wgmma_min_pages: the runner's
+            overrides, if it was given any (defaults: ``choose_window`` / ``choose_num_splits`` /
             ``PROGRAMS_PER_SM`` / ``default_dequant`` of ``device``).
         device: the runner's device (default: the current CUDA device, or the CPU).
     Returns:
@@ -213,7 +211,7 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
                                  num_reqs, num_pages, wgmma_min_pages)
     rows = block_rows(query_len, num_heads)
     if dequant in PAGE_SCORE_MODES:
-        return decode_wgmma.scratch_elems(num_reqs, num_pages, rows, wgmma_parts)
+        return decode_wgmma.scratch_elems(num_reqs, num_pages, rows)
     if num_sms is None:
         num_sms = _num_sms(device)
     ns = num_splits or choose_num_splits(num_reqs, num_pages, num_sms, programs_per_sm)
@@ -352,12 +350,8 @@ class DecodeRunner:
         maxnreg: register cap of the score kernel (tuning; default ``MAXNREG``, None: no cap).
         programs_per_sm: split target used by ``choose_num_splits`` (default
             ``PROGRAMS_PER_SM``; ignored when ``num_splits`` is given).
-        wgmma_parts / wgmma_maxnreg / wgmma_split_k / wgmma_ahead / select_warps /
-            wgmma_min_pages: knobs of the "wgmma" path (``decode_wgmma``): page-score partial
-            maxima per page (1, or 4 per-warp maxima merged by the select kernel), register
-            cap, two K=64 MMAs per page (fewer live registers), pages loaded ahead in
-            registers (1 or 2), warps per select program, and the B * (W - 1) below which the
-            default dequant is "ptx" instead (``choose_dequant``).
+        wgmma_min_pages: the B * (W - 1) below which the default dequant is "ptx" rather
+            than "wgmma" (``choose_dequant``).
         pdl: launch the merge kernel with programmatic dependent launch (SM90+): it may start
             once every score program has scored its pages (``griddepcontrol``), and waits for
             the score grid's writes before reading them.
@@ -374,10 +368,8 @@ class DecodeRunner:
                  num_splits: int | None = None, warmup: bool | None = None,
                  dequant: str | None = None, window: int | None = None, num_warps: int = 4,
                  num_stages: int = 2, programs_per_sm: int | None = None,
-                 maxnreg: int | None = MAXNREG, pdl: bool = False, wgmma_parts: int = 1,
-                 wgmma_maxnreg: int | None = None, wgmma_min_pages: int | None = None,
-                 wgmma_split_k: bool = True, select_warps: int | None = None,
-                 wgmma_ahead: int = 1):
+                 maxnreg: int | None = MAXNREG, pdl: bool = False,
+                 wgmma_min_pages: int | None = None):
         for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
                               ("width", width, 1), ("query_len", query_len, 1)):
             if not isinstance(val, int) or val < lo:
@@ -446,20 +438,8 @@ class DecodeRunner:
         self.splits_pad = triton.next_power_of_2(self.num_splits)
         self.keep = keep_per_split(self.num_splits, width)
         self.merge_rows, self.merge_warps = merge_config(self.num_splits, self.keep)
-        if wgmma_parts not in (1, 4) or (wgmma_parts != 1 and dequant != "wgmma"):
-            raise ValueError(f"wgmma_parts: expected 1 or 4 (4: dequant 'wgmma' only), got "
-                             f"{wgmma_parts!r}")
-        self.wgmma_parts, self.wgmma_maxnreg = wgmma_parts, wgmma_maxnreg
-        if not isinstance(wgmma_split_k, bool) or select_warps not in (None, 1, 2, 4, 8):
-            raise ValueError(f"wgmma_split_k / select_warps: expected a bool / None or 1, 2, "
-                             f"4, 8, got {wgmma_split_k!r} / {select_warps!r}")
-        self.wgmma_split_k = wgmma_split_k
-        self.select_warps = WGMMA_SELECT_WARPS if select_warps is None else select_warps
-        if wgmma_ahead not in (1, 2):
-            raise ValueError(f"wgmma_ahead: expected 1 or 2 pages, got {wgmma_ahead!r}")
-        self.wgmma_ahead = wgmma_ahead
-        if dequant in PAGE_SCORE_MODES:  # one fp32 page-score scratch [B, PARTS, N, W]
-            n, nw = 0, decode_wgmma.scratch_elems(num_reqs, width, self.block_m, wgmma_parts)
+        if dequant in PAGE_SCORE_MODES:  # one fp32 page-score scratch [B, N, W]
+            n, nw = 0, decode_wgmma.scratch_elems(num_reqs, width, self.block_m)
         else:
             n = _scratch_elems(num_reqs, self.num_splits, self.block_m, self.keep)
             nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
@@ -533,10 +513,7 @@ class DecodeRunner:
                 decode_wgmma.launch(self.dequant, index_q, cache, block_table, seq_lens, out,
                                     self.win, num_blocks=cache.shape[0], query_len=q,
                                     num_heads=h, rows=self.block_m,
-                                    num_splits=self.num_splits, parts=self.wgmma_parts,
-                                    maxnreg=self.wgmma_maxnreg, split_k=self.wgmma_split_k,
-                                    num_select_warps=self.select_warps,
-                                    ahead=self.wgmma_ahead)
+                                    num_splits=self.num_splits)
             return out
         q8 = index_q.view(torch.uint8)
         with device_guard(self.device):

@@ -40,13 +40,14 @@ import triton
 import triton.language as tl
 
 from ..constants import HEAD_DIM, PAGE_SIZE
-from .lut import LUT_ASM, LUT_CONSTRAINTS, NEG_SCALE_MASK, lut_dequant_portable, lut_table
+from .lut import lut_dequant_portable, lut_table
 from .numerics import e4m3_decode
 from .scoring import page_max
 from .topk import empty_topk, pack_candidate, topk_merge, write_selection, EMPTY
 
 PAGE = tl.constexpr(PAGE_SIZE)
 SELECT_CHUNK = 1024  # pages a select program merges per step
+SELECT_WARPS = 1  # one warp per row: each selection round stays inside the warp
 
 
 def phys_dim(c: int) -> int:
@@ -60,8 +61,8 @@ def phys_dim(c: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _device_table(device: torch.device) -> torch.Tensor:
-    """The lookup table on ``device``, allocated once per device and kept alive (kernels take
-    its address; CUDA graphs capture it)."""
+    """``lut_table`` on ``device``, allocated once per device and kept alive (CUDA graphs
+    capture its address)."""
     return lut_table(device)
 
 
@@ -79,16 +80,9 @@ def wgmma_available(device) -> bool:
     return True
 
 
-def scratch_elems(num_reqs: int, width: int, rows: int, parts: int = 1) -> int:
-    """float32 elements of page-score scratch: ``[B, PARTS, N, W]`` (PARTS partial maxima per
-    page score: 1, or 4 = one per warp's 32 tokens)."""
-    return num_reqs * parts * rows * width
-
-
-def select_warps(width: int) -> int:
-    """Warps of a select program: its chunk of up to ``SELECT_CHUNK`` pages over 1-4 warps."""
-    chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
-    return 1 if chunk <= 256 else 2 if chunk <= 512 else 4
+def scratch_elems(num_reqs: int, width: int, rows: int) -> int:
+    """float32 elements of page-score scratch: ``[B, N, W]``."""
+    return num_reqs * rows * width
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,8 +91,7 @@ def select_warps(width: int) -> int:
 
 @triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
 def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
-                   H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr,
-                   PARTS: tl.constexpr = 1):
+                   H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr):
     b = tl.program_id(0)
     m = tl.program_id(1)  # row i*H + h of request b
     i = m // H
@@ -106,15 +99,12 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
     p = seq_len - Q + i
     local = tl.where(p >= 0, p // PAGE, 0)  # padding rows (p < 0) select like L = 0
-    row_scores = scores_ptr + (b.to(tl.int64) * PARTS * N + m) * width
+    row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
     top = empty_topk(1, 16)
     for c0 in range(0, tl.where(local > 15, local, 0), CHUNK):  # short rows: by formula
         jj = c0 + tl.arange(0, CHUNK)
         ok = jj < local
         s = tl.load(row_scores + jj, mask=ok, other=0.0)
-        for part in tl.static_range(1, PARTS):  # NaN-skipping max of the partial maxima
-            t = tl.load(row_scores + part * N * width + jj, mask=ok, other=0.0)
-            s = tl.where(s != s, t, tl.where(t != t, s, tl.maximum(s, t)))
         keys = tl.where(ok, pack_candidate(s, jj), EMPTY)
         top = topk_merge(top, keys[None, :])
     one = tl.zeros([1], tl.int32)
@@ -188,9 +178,7 @@ def gluon_layouts(rows: int, num_warps: int = 4):
 
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
-           query_len: int, num_heads: int, rows: int, num_splits: int, parts: int = 1,
-           maxnreg: int | None = None, split_k: bool = True,
-           num_select_warps: int | None = None, ahead: int = 1) -> None:
+           query_len: int, num_heads: int, rows: int, num_splits: int) -> None:
     """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
     least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "wgmma" (Gluon, SM90) or "lut"
     (the plain-Triton twin). Shapes are the caller's (``decode.DecodeRunner``) to check."""
@@ -202,14 +190,11 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
         from .wgmma_scorer import wgmma_score_kernel
         cl, mma, ql, b_sl = gluon_layouts(rows)
         wgmma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 8,
-                     num_blocks,
-                     block_table, block_table.stride(0), width, seq_lens, table.data_ptr(),
-                     scores, Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits,
-                     CL=cl, MMA=mma, QL=ql, B_SL=b_sl, PARTS=parts, SPLIT_K=split_k,
-                     AHEAD=ahead, num_warps=4,
-                     **({"maxnreg": maxnreg} if maxnreg else {}))
+                                 num_blocks, block_table, block_table.stride(0), width,
+                                 seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
+                                 NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
+                                 num_warps=4)
     else:
-        parts = 1
         _portable_score_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,
             block_table.stride(0), width, seq_lens, table.view(torch.uint8), scores,
@@ -217,5 +202,4 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
     chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
     _select_kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len,
                                                H=num_heads, N=rows, CHUNK=chunk,
-                                               PARTS=parts,
-                                               num_warps=num_select_warps or select_warps(width))
+                                               num_warps=SELECT_WARPS)

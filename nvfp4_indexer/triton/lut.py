@@ -12,9 +12,10 @@ value's fp16 bits are then ``(T[s][c & 7] << 7) | ((c >> 3) ^ (s >> 7)) << 15``.
 
 Two implementations of that formula:
 
-- ``LUT_ASM`` (GPU): one group of 16 codes (an int64: dims 16G .. 16G+15, two 32-bit words) ->
-  eight f16x2 registers, 17 integer instructions per word of 8 codes: the scale's sign is
-  xor-ed into the code sign bits, two byte permutes (``prmt``) look up 4 magnitudes each in the
+- ``LUT_ASM`` (GPU): one group of 16 codes (an int64: dims 16G .. 16G+15, two 32-bit words)
+  and its table entry -> eight f16x2 registers, 17 integer instructions per word of 8 codes
+  (4 of them shifts the compiler puts on the FMA pipe), plus 3 per group: the scale's sign
+  is xor-ed into the code sign bits, two byte permutes (``prmt``) look up 4 magnitudes each in the
   table row, two more per output pair place a magnitude byte and its sign bit, a shift moves
   them onto fp16 bits 7..15. Output pair p of a word holds its nibbles ``PAIR_NIBBLES[p]``.
 - ``lut_dequant_portable`` (any backend, the interpreter included): the same formula with
@@ -96,32 +97,31 @@ shl.b32 {d}, p, 7;                   // -> f16x2 (n5, n7)
 
 
 # Inputs: $8 = int64, 16 codes of one group (low word: dims 16G..16G+7, nibble k = dim
-# 16G + k); $9 = address of the table entry of the group's scale byte; $10 = 0x88888888 for a
-# negative scale byte, else 0. Outputs $0..$3 from the low word, $4..$7 from the high word.
-LUT_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, so, se, p, tl, th;\n"
+# 16G + k); $9 = the table entry of the group's scale byte (int64, loaded by the caller so
+# that the compiler can issue the table loads early); $10 = the scale byte (int32).
+# Outputs $0..$3 from the low word, $4..$7 from the high word.
+LUT_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, so, se, p, tl, th, sm;\n"
            "mov.b64 {wl, wh}, $8;\n"
-           "ld.global.nc.v2.b32 {tl, th}, [$9];  // the scale's 8 magnitude bytes\n"
-           "xor.b32 wl, wl, $10;                // negative scale: flip the code signs\n"
-           "xor.b32 wh, wh, $10;\n"
+           "mov.b64 {tl, th}, $9;               // the scale's 8 magnitude bytes\n"
+           "prmt.b32 sm, $10, 0, 0x8888;        // all ones for a negative scale byte, else 0\n"
+           "lop3.b32 wl, wl, sm, 0x88888888, 0x78;  // wl ^= sm & 0x88..: flip the code signs\n"
+           "lop3.b32 wh, wh, sm, 0x88888888, 0x78;\n"
            + _lut_word_asm("wl", 0) + _lut_word_asm("wh", 4) + "}")
 LUT_CONSTRAINTS = "=r,=r,=r,=r,=r,=r,=r,=r,l,l,r"
-NEG_SCALE_MASK = 0x88888888 - 2 ** 32  # as int32
 _ASM_C = tl.constexpr(LUT_ASM)
 _CONSTRAINTS_C = tl.constexpr(LUT_CONSTRAINTS)
-_NEG_C = tl.constexpr(NEG_SCALE_MASK)
 
 
 @triton.jit
-def _lut_asm_probe_kernel(codes_ptr, sbytes_ptr, tbl_addr, out_ptr, N: tl.constexpr):
+def _lut_asm_probe_kernel(codes_ptr, sbytes_ptr, tbl_ptr, out_ptr, N: tl.constexpr):
     """GPU test kernel: ``LUT_ASM`` on N groups (int64 codes, uint8 scale bytes) -> int32
     ``[N, 8]`` f16x2 words (exactly the registers the scorer feeds its MMA)."""
     i = tl.arange(0, N)
     codes = tl.load(codes_ptr + i)
     s = tl.load(sbytes_ptr + i).to(tl.int32)
-    addr = tbl_addr + s.to(tl.int64) * 8
-    neg = tl.where(s >= 128, _NEG_C, 0)
+    row = tl.load(tbl_ptr + s)
     o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-        _ASM_C, _CONSTRAINTS_C, [codes, addr, neg],
+        _ASM_C, _CONSTRAINTS_C, [codes, row, s],
         dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32),
         is_pure=True, pack=1)
     base = out_ptr + i * 8
@@ -144,7 +144,7 @@ def lut_asm_dequant(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Ten
     table = lut_table(codes.device)
     out = torch.empty((n, 8), dtype=torch.int32, device=codes.device)
     _lut_asm_probe_kernel[(1,)](codes.contiguous().view(torch.int64).reshape(n), scale_bytes,
-                                table.data_ptr(), out, N=n)
+                                table, out, N=n)
     words = out.to(torch.int64) & 0xFFFFFFFF
     res = torch.empty((n, GROUP_SIZE), dtype=torch.int32, device=codes.device)
     for w in range(2):

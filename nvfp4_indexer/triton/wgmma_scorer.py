@@ -1,13 +1,14 @@
 """Gluon score kernel of the wgmma decode path (``decode_wgmma``, SPEC 4; CUDA SM90 only).
 
 Program (b, split) of grid ``(B, NUM_SPLITS)``: the query rows of request b as fp16 in shared
-memory (the wgmma B operand, dims in ``decode_wgmma.phys_dim`` order), then per history page of
-its split: the page's code and scale bytes loaded straight into the layout ``CL`` whose lane and
-warp bases are those of the wgmma A operand (each thread loads the 16-byte code runs of its own
-fragment; the next page is loaded before the current one is used), ``lut.LUT_ASM``
-dequantization, a trivial (register-renaming) conversion to the A operand layout,
-``warpgroup_mma [128, 128] x [128, N]`` and the max over tokens, stored to
-``scores[b, n, j]``. Layouts come from ``decode_wgmma.gluon_layouts``.
+memory (the wgmma B operand, dims in ``decode_wgmma.phys_dim`` order, two K=64 halves), then per
+history page of its split: the page's code and scale bytes loaded straight into the layout
+``CL`` whose lane and warp bases are those of the wgmma A operand (each thread loads the 16-byte
+code runs of its own fragment; the next page is loaded before the current one is used), per
+K=64 half (groups 2j + g' of one g'): ``lut.LUT_ASM`` dequantization, a trivial
+(register-renaming) conversion to the A operand layout and one ``warpgroup_mma
+[128, 64] x [64, N]`` (halves keep fewer registers live: 118 instead of 142 at N = 32), then the
+max over tokens, stored to ``scores[b, n, j]``. Layouts come from ``decode_wgmma.gluon_layouts``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .lut import LUT_ASM, LUT_CONSTRAINTS, NEG_SCALE_MASK
+from .lut import LUT_ASM, LUT_CONSTRAINTS
 
 _ASM = gl.constexpr(LUT_ASM)
 _CONSTRAINTS = gl.constexpr(LUT_CONSTRAINTS)
-_NEG = gl.constexpr(NEG_SCALE_MASK)
 _SPLIT_ASM = gl.constexpr("mov.b32 $0, $1;")  # f16x2 word -> its two halves
 
 
@@ -29,38 +29,18 @@ def _load_page(cache64, cache8, bt_row, j, num_blocks, page_stride8, off64, sc_o
     """Code groups (int64) and scale bytes of logical page j, block id clamped to the cache."""
     blk = gl.load(bt_row + j)
     blk = gl.minimum(gl.maximum(blk, 0), num_blocks - 1).to(gl.int64)
-    base = blk * page_stride8  # int64 elements (page stride / 8, a multiple of 2)
+    base = blk * page_stride8  # int64 elements (page stride / 8)
     codes = gl.load(cache64 + base + off64)  # int64 [128 tok, 4 j, 2 g']
     sb = gl.load(cache8 + base * 8 + sc_off)  # uint8, same layout
     return codes, sb
 
 
 @gluon.jit
-def _dequant(codes, sb, tbl_addr, A_L: gl.constexpr):
-    """fp16 A operand [128 tokens, 128 columns] of one page (column c = dim phys_dim(c))."""
-    s = sb.to(gl.int32)
-    addr = tbl_addr + s.to(gl.int64) * 8
-    neg = gl.where(s >= 128, _NEG, 0)
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        _ASM, _CONSTRAINTS, [codes, addr, neg],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True, pack=1)
-    x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
-                gl.join(gl.join(o4, o5), gl.join(o6, o7)))  # [m, j, g', pl, ph, w]
-    y = gl.join(x, x)
-    f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
-                                  pack=2)  # [m, j, g', pl, ph, w, e]
-    f = gl.permute(f, [0, 2, 3, 4, 5, 1, 6])  # [m, g', pl, ph, w, j, e]
-    tile = gl.reshape(f, [128, 128])
-    return gl.convert_layout(tile, A_L, assert_trivial=True)  # register renaming only
-
-
-@gluon.jit
-def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, C: gl.constexpr,
-            Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr, QL: gl.constexpr):
-    """Query^T columns C0 .. C0+C-1 of request b as fp16 (exact) ``[C, N]``: column c holds
+def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, Q: gl.constexpr,
+            H: gl.constexpr, N: gl.constexpr, QL: gl.constexpr):
+    """Query^T columns C0 .. C0+63 of request b as fp16 (exact) ``[64, N]``: column c holds
     dim ``phys_dim(c)`` of row n = i*H + h (rows >= Q*H are zero)."""
-    c = C0 + gl.arange(0, C, layout=gl.SliceLayout(1, QL))
+    c = C0 + gl.arange(0, 64, layout=gl.SliceLayout(1, QL))
     dim = (32 * ((c >> 1) & 3) + 16 * ((c >> 6) & 1) + 8 * ((c >> 3) & 1)
            + ((c >> 5) & 1) + 4 * ((c >> 4) & 1) + 2 * (c & 1))
     n = gl.arange(0, N, layout=gl.SliceLayout(0, QL))
@@ -72,15 +52,14 @@ def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, C: gl.const
 
 
 @gluon.jit
-def _dequant_half(codes, sb, tbl_addr, A_L: gl.constexpr):
+def _dequant_half(codes, sb, tbl_ptr, A_L: gl.constexpr):
     """fp16 A operand [128 tokens, 64 columns] of one half page: the groups 2j + g' of one g'
-    (``codes`` int64 [128, 4]); column c' = 32pl + 16ph + 8w + 2j + e holds dim
-    ``phys_dim(64 g' + c')``."""
+    (``codes`` int64 [128, 4], ``sb`` their scale bytes); column c' = 32pl + 16ph + 8w + 2j + e
+    holds dim ``phys_dim(64 g' + c')`` (output pair p = 2ph + pl of word w, half e)."""
     s = sb.to(gl.int32)
-    addr = tbl_addr + s.to(gl.int64) * 8
-    neg = gl.where(s >= 128, _NEG, 0)
+    row = gl.load(tbl_ptr + s)  # the scale's magnitude bytes (L1-resident 2 KB table)
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        _ASM, _CONSTRAINTS, [codes, addr, neg],
+        _ASM, _CONSTRAINTS, [codes, row, s],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
         is_pure=True, pack=1)
     x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
@@ -90,16 +69,15 @@ def _dequant_half(codes, sb, tbl_addr, A_L: gl.constexpr):
                                   pack=2)  # [m, j, pl, ph, w, e]
     f = gl.permute(f, [0, 2, 3, 4, 1, 5])  # [m, pl, ph, w, j, e]
     tile = gl.reshape(f, [128, 64])
-    return gl.convert_layout(tile, A_L, assert_trivial=True)
+    return gl.convert_layout(tile, A_L, assert_trivial=True)  # register renaming only
 
 
 @gluon.jit
 def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride8, num_blocks,
-                       bt_ptr, bt_stride, width, seq_lens_ptr, tbl_addr, scores_ptr,
+                       bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr,
                        Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr,
                        NUM_SPLITS: gl.constexpr, CL: gl.constexpr, MMA: gl.constexpr,
-                       QL: gl.constexpr, B_SL: gl.constexpr, PARTS: gl.constexpr = 1,
-                       SPLIT_K: gl.constexpr = False, AHEAD: gl.constexpr = 1):
+                       QL: gl.constexpr, B_SL: gl.constexpr):
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     b = gl.program_id(0)
     split = gl.program_id(1)
@@ -110,15 +88,10 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
     start = split * per
     end = gl.minimum(start + per, n_pages)
     if start < end:
-        if SPLIT_K:  # two K=64 halves (columns 0..63 / 64..127), one MMA each
-            q_smem = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
-                q_ptr, b, q_row_stride, q_head_stride, 0, 64, Q, H, N, QL))
-            q_smem_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
-                q_ptr, b, q_row_stride, q_head_stride, 64, 64, Q, H, N, QL))
-        else:
-            q_smem = gl.allocate_shared_memory(gl.float16, [128, N], B_SL, _load_q(
-                q_ptr, b, q_row_stride, q_head_stride, 0, 128, Q, H, N, QL))
-            q_smem_hi = q_smem
+        q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
+            q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
+        q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
+            q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
         fence_async_shared()
 
         # element (m, j, g') of a page's codes / scales = group 2j + g' of token m
@@ -133,49 +106,20 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
         cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
         bt_row = bt_ptr + b.to(gl.int64) * bt_stride
         zero = gl.zeros([128, N], gl.float32, layout=MMA)
-        # page j's score of row n (part w): scores[b, w, n, j], int32 offsets from one base
-        out_base = scores_ptr + b.to(gl.int64) * (PARTS * N) * width
-        if PARTS == 1:  # the max over all 128 tokens
-            n_out = gl.arange(0, N, layout=gl.SliceLayout(0, MMA))
-            out_off = n_out * width
-        else:  # the max over warp w's 32 tokens (no cross-warp step)
-            PL: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(0, gl.SliceLayout(2, gl.reshape(
-                zero, [2, 4, 2, 8, N]).type.layout)))
-            w_out = gl.arange(0, 4, layout=gl.SliceLayout(1, PL))
-            n_out = gl.arange(0, N, layout=gl.SliceLayout(0, PL))
-            out_off = (gl.expand_dims(w_out, 1) * N + gl.expand_dims(n_out, 0)) * width
+        # page j's score of row n: scores[b, n, j] (int32 offsets from one base)
+        out_base = scores_ptr + b.to(gl.int64) * N * width
+        out_off = gl.arange(0, N, layout=gl.SliceLayout(0, MMA)) * width
 
-        # AHEAD pages in flight in registers: page j + AHEAD is loaded while page j is scored
         codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row, start, num_blocks, page_stride8,
                                    off64, sc_off)
-        codes_n2, sb_n2 = codes_n, sb_n
-        if AHEAD == 2:
-            codes_n2, sb_n2 = _load_page(cache64, cache_ptr, bt_row,
-                                         gl.minimum(start + 1, end - 1), num_blocks,
-                                         page_stride8, off64, sc_off)
         for j in range(start, end):
             codes = codes_n
             sb = sb_n
-            if AHEAD == 2:
-                codes_n, sb_n = codes_n2, sb_n2
-                codes_n2, sb_n2 = _load_page(cache64, cache_ptr, bt_row,
-                                             gl.minimum(j + 2, end - 1), num_blocks,
-                                             page_stride8, off64, sc_off)
-            else:
-                codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row,
-                                           gl.minimum(j + 1, end - 1), num_blocks,
-                                           page_stride8, off64, sc_off)
-            if SPLIT_K:
-                c_lo, c_hi = gl.split(codes)
-                s_lo, s_hi = gl.split(sb)
-                acc = warpgroup_mma(_dequant_half(c_lo, s_lo, tbl_addr, A_L), q_smem, zero,
-                                    use_acc=False)
-                acc = warpgroup_mma(_dequant_half(c_hi, s_hi, tbl_addr, A_L), q_smem_hi, acc)
-            else:
-                a = _dequant(codes, sb, tbl_addr, A_L)
-                acc = warpgroup_mma(a, q_smem, zero, use_acc=False)
-            if PARTS == 1:
-                gl.store(out_base + j + out_off, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
-            else:  # token m = 64 r + 16 w + 8 r0 + l: r, r0 in registers, l on lanes
-                part = gl.max(gl.max(gl.reshape(acc, [2, 4, 2, 8, N]), axis=2), axis=0)
-                gl.store(out_base + j + out_off, gl.max(part, axis=1))
+            codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row, gl.minimum(j + 1, end - 1),
+                                       num_blocks, page_stride8, off64, sc_off)
+            c_lo, c_hi = gl.split(codes)
+            s_lo, s_hi = gl.split(sb)
+            acc = warpgroup_mma(_dequant_half(c_lo, s_lo, tbl_ptr, A_L), q_lo, zero,
+                                use_acc=False)
+            acc = warpgroup_mma(_dequant_half(c_hi, s_hi, tbl_ptr, A_L), q_hi, acc)
+            gl.store(out_base + j + out_off, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
