@@ -134,17 +134,19 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
     for step in range(steps):
         res = result(step)
         t0 = time.perf_counter()
-        # Arrivals in bursts (every 4th step; the first admits up to max_num_seqs): cached
+        # Arrivals in bursts (every 4th step; the first admits max_num_seqs - 1): cached
         # context (written now: a prefix-cache hit) and new tokens to prefill.
         burst = step % 4 == 0
-        while burst and len(active) < max_seqs and (step == 0 or rng.random() < 0.6):
+        room = max_seqs - (step == 0)  # leave a seat for a later arrival (a mixed step)
+        while len(active) < room and (step == 0 or not active
+                                      or rng.random() < (0.6 if burst else 0.3)):
             ctx_len = int(rng.choice([0, int(rng.integers(1, max_len // 2)),
                                       int(rng.integers(max_len * 2 // 3, max_len - 600))],
                                      p=[0.2, 0.3, 0.5]))
             if next_id == 0:  # one long request (pages beyond 15: scored rows) in every trace
                 ctx_len = int(rng.integers(max_len - 900, max_len - 600))
             new = int(rng.integers(1, min(max_len - ctx_len - 16, max_tok // 2) + 1))
-            dec = int(rng.integers(1, max(2, min(40, max_len - ctx_len - new - 8))))
+            dec = int(rng.integers(1, max(2, min(12, max_len - ctx_len - new - 8))))
             req = _Req(next_id, ctx_len, new, dec)
             next_id += 1
             if sum(-(-r.target // PAGE_SIZE) for r in active) + -(-(req.target + 8)
