@@ -119,9 +119,14 @@ INSERT_COLS = [
     ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
     ("= ref", _eq),
 ]
+def _engine_cols():
+    from .engine_suite import ENGINE_COLS
+    return ENGINE_COLS
+
+
 SUITE_COLS = {"decode-full": DECODE_COLS, "decode-lowlat": DECODE_COLS,
               "decode-variants": DECODE_COLS, "prefill": PREFILL_COLS,
-              "gather": GATHER_COLS, "insert": INSERT_COLS}
+              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": _engine_cols()}
 TITLES = {
     "decode-full": "Decode, full suite (Q8KV4 + fused top-k; 28 weighted cases)",
     "decode-lowlat": "Decode, low-latency suite (graph-replay latency per call)",
@@ -129,6 +134,7 @@ TITLES = {
     "prefill": "Prefill scoring + top-k (Q8KV8)",
     "gather": "Gather: NVFP4 pages -> FP8 workspace",
     "insert": "Insert: fused norm + RoPE + NVFP4 quantize + paged write",
+    "engine": "Engine steps: Indexer.plan host time + forward device time (SPEC 8.1)",
 }
 
 

@@ -625,16 +625,27 @@ def summarize(suite: str, recs: list[dict], ctx: Context, expected: int) -> dict
     return s
 
 
-SUITE_ORDER = ("decode-full", "decode-lowlat", "prefill", "gather", "insert", "decode-variants")
+SUITE_ORDER = ("decode-full", "decode-lowlat", "prefill", "gather", "insert", "decode-variants",
+               "engine")
+
+
+def _engine_case(ctx: Context, case) -> dict:
+    from .engine_suite import engine_case
+    return engine_case(ctx, case)
+
+
 SUITE_FUNCS = {"decode-full": decode_case, "decode-lowlat": decode_case,
                "decode-variants": decode_case, "prefill": prefill_case,
-               "gather": gather_case, "insert": insert_case}
+               "gather": gather_case, "insert": insert_case, "engine": _engine_case}
 
 
 def suite_cases(suite: str, *, quick: bool, smoke: bool) -> list:
     """The cases of ``suite`` for this mode (WORKLOADS.md sizes; tiny ones in smoke)."""
     if smoke:
         return wl.smoke_cases()[suite]
+    if suite == "engine":
+        from . import engine_suite as es
+        return es.quick_cases() if quick else es.engine_cases()
     cases = {"decode-full": wl.full_cases, "decode-lowlat": wl.lowlat_cases,
              "decode-variants": wl.variant_cases, "prefill": wl.prefill_cases,
              "gather": wl.prefill_cases, "insert": wl.insert_cases}[suite]()
@@ -650,6 +661,9 @@ def pool_pages_for(cases_by_suite: dict[str, list], l2: int, graph_calls: int) -
                 sl = c.seq_lens()
                 tr = wl.decode_traffic(sl, c.query_len, c.num_heads)
                 slots = rotation_slots(tr.pages_bytes, l2, graph_calls)
+            elif hasattr(c, "pool_pages"):  # engine steps: one block table
+                need = max(need, c.pool_pages())
+                continue
             elif isinstance(c, wl.PrefillCase):
                 sl, slots = c.seq_lens(), 2
                 if suite == "gather":

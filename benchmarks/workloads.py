@@ -305,7 +305,13 @@ def smoke_cases() -> dict[str, list]:
         "prefill": [PrefillCase(32, 2_048, 2, 1), PrefillCase(16, 0, 1, 1)],
         "gather": [PrefillCase(32, 2_048, 2, 1)],
         "insert": [InsertCase(tokens=128, cache_tokens=16 * PAGE_SIZE, max_position=4_096)],
+        "engine": _engine_smoke(),
     }
+
+
+def _engine_smoke() -> list:
+    from .engine_suite import smoke_cases as engine_smoke  # engine_suite imports this module
+    return engine_smoke()
 
 
 def _self_check() -> None:

@@ -17,7 +17,7 @@ from .checks import CaseResult, run_case
 #: Checks in run order. "wrapper" is the decode wrapper replayed after in-place changes of its
 #: planned buffers: captured in a CUDA graph on a GPU, eager otherwise.
 CHECKS = ("codec", "write", "insert", "gather", "scores", "decode", "prefill", "mixed",
-          "wrapper")
+          "wrapper", "engine")
 CHECK_DOCS = {
     "codec": "E4M3 encode (all fp16/bf16 patterns, every rounding boundary, random fp32), "
              "NVFP4 quantize (edge groups, every distribution, fp32/bf16/fp16), dequantize "
@@ -34,6 +34,10 @@ CHECK_DOCS = {
     "mixed": "decode-first batch into one shared output, each op only its rows (SPEC 8)",
     "wrapper": "DecodeIndexerWrapper: plan/run (CUDA-graph capture + replay on a GPU) after "
                "in-place changes of q, seq lens, block tables and padding rows (SPEC 6)",
+    "engine": "Indexer plan/forward over a seeded continuous-batching trace (arrivals, chunked "
+              "prefill with cached context, decode Q 1..8 padded to CUDA-graph sizes, "
+              "finishes, block reuse); decode-only steps replay captured graphs on a GPU "
+              "(SPEC 8.1)",
 }
 _QS = (1, 8, 2, 4, 3, 1, 6, 5, 7, 8)
 
@@ -129,6 +133,7 @@ def build_cases(check: str, profile: G.Profile, seed: int, device=None) -> Itera
 
 def case_counts(profile: G.Profile) -> dict[str, int]:
     """Number of cases each check runs (progress totals)."""
+    from .engine_trace import engine_steps
     from .graphs import wrapper_sessions
     n_dist = len([d for d in G.DISTRIBUTIONS if d != "corrupt"])
     return {"codec": 6 + 4 + 1 + 2 * n_dist,
@@ -136,7 +141,8 @@ def case_counts(profile: G.Profile) -> dict[str, int]:
             "gather": profile.gather_cases, "scores": max(2, profile.prefill_cases // 2),
             "decode": profile.decode_cases + G.NUM_CONTRACT_CASES,
             "prefill": profile.prefill_cases, "mixed": profile.mixed_cases,
-            "wrapper": len(wrapper_sessions(profile)) * (profile.wrapper_replays + 1)}
+            "wrapper": len(wrapper_sessions(profile)) * (profile.wrapper_replays + 1),
+            "engine": engine_steps(profile)}
 
 
 def run_suite(backend: Backend, profile: G.Profile, seed: int, checks=CHECKS, *,
@@ -155,6 +161,14 @@ def run_suite(backend: Backend, profile: G.Profile, seed: int, checks=CHECKS, *,
     for check in checks:
         if on_check:
             on_check(check, counts.get(check, 0))
+        if check == "engine":
+            from .engine_trace import engine_results
+            for r in engine_results(backend, profile, seed, max_failures=max_failures,
+                                    case_glob=case_glob):
+                results.append(r)
+                if on_result:
+                    on_result(r)
+            continue
         if check == "wrapper":
             for r in wrapper_results(backend, profile, seed, max_failures=max_failures,
                                      case_glob=case_glob):

@@ -9,6 +9,7 @@ from .api import (HEAD_DIM, PAGE_BYTES, PAGE_SIZE, TOPK, DecodeIndexerWrapper,
                   prefill_indexer, prepare_index_q, quantize_nvfp4, read_index_k,
                   write_index_k)
 from .constants import SPEC_VERSION
+from .engine import Indexer, IndexerConfig, IndexerMetadata, StepMetadata
 
 __version__ = "0.1.0"
 
@@ -17,4 +18,5 @@ __all__ = [
     "quantize_nvfp4", "dequantize_nvfp4", "new_index_cache", "write_index_k", "read_index_k",
     "insert_index_k", "prepare_index_q", "gather_index_k_fp8", "page_scores", "decode_indexer",
     "prefill_indexer", "DecodeIndexerWrapper", "max_gather_pages",
+    "IndexerConfig", "Indexer", "StepMetadata", "IndexerMetadata",
 ]

@@ -296,6 +296,9 @@ def test_cpu_smoke_end_to_end(tmp_path):
                 assert (rec["mm16_ratio"] > 0) if rec["flops"] else rec["mm16_ratio"] is None
             elif suite == "gather":
                 assert rec["equal_reference"] and rec["workspace_pages"] == rec["history_pages"]
+            elif suite == "engine":
+                assert rec["out_fully_written"] and rec["rows_equal_reference"] == 1.0
+                assert rec["plan_us"] > 0 and rec["kernels_us"] > 0
             else:
                 assert rec["tokens_equal_reference"] == 1.0
             if suite in ("gather", "insert"):

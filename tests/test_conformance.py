@@ -474,7 +474,7 @@ def test_smoke_suite(backend):
     assert rc == 0, json.dumps(doc["failures"][:3], indent=1)
     assert {c["check"] for c in doc["checks"]} == {"codec", "write", "insert", "gather",
                                                    "scores", "decode", "prefill", "mixed",
-                                                   "wrapper"}
+                                                   "wrapper", "engine"}
 
 
 @pytest.mark.gpu

@@ -1,0 +1,785 @@
+"""Engine-facing indexer (SPEC 8.1): one planner and one forward per step for mixed batches.
+
+The seed's metadata builder and impl as one object an engine keeps for its indexer layers::
+
+    indexer = Indexer(IndexerConfig(num_heads, max_model_len, max_num_batched_tokens,
+                                    max_num_seqs, max_decode_query_len=4,
+                                    cudagraph_batch_sizes=(1, 2, 4, 8), device="cuda"))
+    md = indexer.plan(StepMetadata.from_vllm(common_attn_metadata, num_decodes))  # per step
+    for layer in layers:
+        indexer.forward(index_q, layer_cache, md, topk_buffer)                    # per layer
+
+Memory (allocated in ``Indexer.__init__``; ``Indexer.memory_bytes()``):
+
+- the FP8 gather workspace, ``max_gather_pages(max_model_len, max_num_batched_tokens)`` pages;
+- one float32 score scratch shared by every decode wrapper and by the prefill scorer (they
+  never run at once: one stream, one step at a time), sized for the largest decode batch
+  (``max(max_num_seqs, max(cudagraph_batch_sizes))`` requests) at the longest context and for
+  a full prefill chunk; a prefill chunk that would need more scores with fewer splits;
+- one block-table buffer ``int32 [max_decode_reqs, ceil(max_model_len / 128)]`` and one
+  seq-lens buffer shared by the decode wrappers (wrapper (B, Q) reads rows ``[:B]``: their
+  addresses never move, so CUDA graphs captured on them stay valid);
+- two pinned host staging buffers and their device twins (prefill chunk metadata: one
+  non-blocking host-to-device copy per chunk; two alternate so that planning step N+1 never
+  overwrites host memory a copy of step N may still be reading).
+
+Decode wrappers (``DecodeIndexerWrapper``, one per (padded batch size, Q)) are created on first
+use; creating one compiles its kernels (Triton on a GPU), which syncs once. After that,
+``plan`` reads host copies only: no device-to-host transfer and no sync.
+
+Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues a
+few small device ops (buffer copies, the prefill staging copies and a clamp of the device seq
+lens by their host copies) on the current stream. An ``IndexerMetadata`` is valid until the
+next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from . import validation as v
+from .api import DecodeIndexerWrapper, _triton, max_gather_pages
+from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_SIZE, TOPK
+
+__all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "PrefillChunk",
+           "plan_prefill_chunks"]
+
+# Rows a Triton decode program holds per request (``triton.decode.MAX_ROWS``): Q * H <= 64.
+MAX_DECODE_ROWS = 64
+SHORT_MAX_LOCAL = 15  # rows with L <= 15 select by formula (SPEC 5): their pages are not needed
+_NUM_STAGING = 2  # alternating staging slots
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pos_int(name: str, val) -> int:
+    if not v.is_int(val) or val < 1:
+        v.fail(name, "a positive int", repr(val))
+    return int(val)
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    """Static configuration of an ``Indexer`` (SPEC 8.1), validated at construction (SPEC 10).
+
+    Args:
+        num_heads: this rank's index heads H (1 .. 64 // max_decode_query_len: the decode
+            kernels hold Q * H <= 64 rows per request).
+        max_model_len: longest request in tokens (context + new tokens).
+        max_num_batched_tokens: most tokens of one step.
+        max_num_seqs: most requests of one step.
+        max_decode_query_len: most queries per decode request (1..8: speculative decoding
+            with up to 7 draft tokens).
+        cudagraph_batch_sizes: padded decode batch sizes the engine captures (ints >= 1).
+        device: where the buffers live (default: torch's current default device).
+        context_parallel_group: a ``torch.distributed`` group for decode context parallelism
+            (SPEC 8.2); not implemented yet (``Indexer`` raises NotImplementedError).
+        topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
+            indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
+    Raises:
+        ValueError: a non-positive size, bad batch sizes or device. NotImplementedError:
+        ``max_decode_query_len`` > 8, ``num_heads * max_decode_query_len`` > 64, or another
+        top-k / block setting; the message names the supported values.
+    """
+
+    num_heads: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_decode_query_len: int = 1
+    cudagraph_batch_sizes: tuple = ()
+    device: Any = None
+    context_parallel_group: Any = None
+    topk: int = TOPK
+    init_blocks: int = 0
+    local_blocks: int = 1
+    block_size: int = PAGE_SIZE
+    head_dim: int = HEAD_DIM
+    score_type: str = "max"
+
+    def __post_init__(self):
+        settings = (self.topk, self.init_blocks, self.local_blocks, self.block_size,
+                    self.head_dim, self.score_type)
+        if settings != (TOPK, 0, 1, PAGE_SIZE, HEAD_DIM, "max"):
+            raise NotImplementedError(
+                f"(topk, init_blocks, local_blocks, block_size, head_dim, score_type): the "
+                f"NVFP4 indexer supports ({TOPK}, 0, 1, {PAGE_SIZE}, {HEAD_DIM}, 'max'), got "
+                f"{settings}")
+        for name in ("num_heads", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+                     "max_decode_query_len"):
+            object.__setattr__(self, name, _pos_int(name, getattr(self, name)))
+        if self.max_decode_query_len > MAX_QUERY_LEN:
+            raise NotImplementedError(
+                f"max_decode_query_len: the NVFP4 indexer scores at most {MAX_QUERY_LEN} decode "
+                f"queries per request (1..{MAX_QUERY_LEN}, num_speculative_tokens <= "
+                f"{MAX_QUERY_LEN - 1}), got {self.max_decode_query_len}")
+        max_heads = MAX_DECODE_ROWS // self.max_decode_query_len
+        if self.num_heads > max_heads:
+            raise NotImplementedError(
+                f"num_heads: with max_decode_query_len={self.max_decode_query_len} the decode "
+                f"kernels serve 1..{max_heads} index heads per rank "
+                f"(num_heads * max_decode_query_len <= {MAX_DECODE_ROWS}), got {self.num_heads}")
+        sizes = self.cudagraph_batch_sizes
+        if sizes is None:
+            sizes = ()
+        try:
+            sizes = tuple(sizes)
+        except TypeError:
+            v.fail("cudagraph_batch_sizes", "a sequence of positive ints", repr(sizes))
+        for s in sizes:
+            if not v.is_int(s) or s < 1:
+                v.fail("cudagraph_batch_sizes", "a sequence of positive ints",
+                       repr(self.cudagraph_batch_sizes))
+        object.__setattr__(self, "cudagraph_batch_sizes", tuple(sorted({int(s) for s in sizes})))
+        try:
+            dev = torch.device(self.device) if self.device is not None else \
+                torch.get_default_device()
+        except (RuntimeError, TypeError) as e:
+            v.fail("device", "a torch device", f"{self.device!r} ({e})")
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        object.__setattr__(self, "device", dev)
+
+    @property
+    def max_pages(self) -> int:
+        """Block-table entries the longest request uses, ceil(max_model_len / 128)."""
+        return _cdiv(self.max_model_len, PAGE_SIZE)
+
+    @property
+    def max_decode_reqs(self) -> int:
+        """Largest (padded) decode batch: max(max_num_seqs, largest CUDA-graph size)."""
+        return max((self.max_num_seqs,) + self.cudagraph_batch_sizes)
+
+    @property
+    def gather_pages(self) -> int:
+        """FP8 workspace pages: ``max_gather_pages(max_model_len, max_num_batched_tokens)``."""
+        return max_gather_pages(self.max_model_len, self.max_num_batched_tokens)
+
+    def padded_batch_size(self, num_decodes: int) -> int:
+        """The smallest CUDA-graph batch size >= ``num_decodes`` (``num_decodes`` itself when
+        none is): what an engine pads a decode-only batch to with zero-length requests."""
+        return next((s for s in self.cudagraph_batch_sizes if s >= num_decodes), num_decodes)
+
+
+@dataclass
+class StepMetadata:
+    """One engine step in vLLM's terms (SPEC 8.1).
+
+    Attributes:
+        query_start_loc: int32 ``[R+1]`` on the device (row offsets of each request's queries).
+        query_start_loc_cpu: its host copy (int32 / int64, CPU).
+        seq_lens: int32 ``[R]`` on the device: context + this step's tokens.
+        seq_lens_cpu: host copy (int32 / int64, CPU), exact or an upper bound (it may only
+            over-size plans; the kernels use ``min(seq_lens, seq_lens_cpu)``).
+        block_table: int32 ``[R, W]`` on the device, unit stride in the last dim.
+        num_decodes: requests ``0 .. num_decodes - 1`` are decode requests (one query length Q,
+            or 0 for requests that pad a CUDA-graph batch, at the end, with seq len 0, only in
+            steps without prefill requests); the rest are prefill requests.
+    """
+
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    block_table: torch.Tensor
+    num_decodes: int
+
+    @classmethod
+    def from_vllm(cls, common_attn_metadata, num_decodes: int) -> "StepMetadata":
+        """Read vLLM's ``CommonAttentionMetadata`` by field name (vLLM is not imported):
+        ``query_start_loc``, ``query_start_loc_cpu``, ``seq_lens``,
+        ``seq_lens_cpu_upper_bound`` (or ``seq_lens_cpu``), ``block_table_tensor``.
+
+        Raises:
+            AttributeError: a field is missing (the message names it).
+        """
+        m = common_attn_metadata
+
+        def get(name):
+            if not hasattr(m, name):
+                raise AttributeError(f"common_attn_metadata: expected a field {name!r} "
+                                     f"(vLLM CommonAttentionMetadata), got {type(m).__name__}")
+            return getattr(m, name)
+        seq_cpu = getattr(m, "seq_lens_cpu_upper_bound", None)
+        if seq_cpu is None:
+            seq_cpu = get("seq_lens_cpu")
+        return cls(query_start_loc=get("query_start_loc"),
+                   query_start_loc_cpu=get("query_start_loc_cpu"), seq_lens=get("seq_lens"),
+                   seq_lens_cpu=seq_cpu, block_table=get("block_table_tensor"),
+                   num_decodes=num_decodes)
+
+
+@dataclass
+class PrefillChunk:
+    """One prefill chunk (SPEC 7): requests ``[req_start, req_end)`` (indices among the step's
+    prefill requests), their query rows ``[row_start, row_end)`` relative to the first prefill
+    row, and their history pages packed at ``page_offsets`` (host lists)."""
+
+    req_start: int
+    req_end: int
+    row_start: int
+    row_end: int
+    page_offsets: list  # [n+1] workspace offsets of each request's history (gathered pages)
+    gather_pages: list  # [n] pages gathered per request (0 for requests with only short rows)
+    total_pages: int
+    # Triton launch plan (host) and device views of the staged metadata, set by Indexer.plan
+    launch: dict = field(default_factory=dict)
+    dev: dict = field(default_factory=dict)
+
+
+def plan_prefill_chunks(query_start_loc: list[int], seq_lens: list[int], budget: int, *,
+                        skip_short: bool = True) -> list[PrefillChunk]:
+    """Group prefill requests into chunks whose history pages fit ``budget`` (SPEC 7); host only.
+
+    Args:
+        query_start_loc: host ints ``[P+1]`` of the prefill requests (any base; rows of the
+            chunks are relative to ``query_start_loc[0]``).
+        seq_lens: host ints ``[P]`` (context + new tokens).
+        budget: workspace pages per chunk (``max_gather_pages``).
+        skip_short: requests whose last query's local page is <= 15 gather no page (their
+            rows select by formula, SPEC 5); False gathers every history page (reference).
+    Returns:
+        ``PrefillChunk`` list in request order; chunks are formed by history pages
+        ((seq_len - 1) // 128 per request), so every chunk fits ``budget``.
+    Raises:
+        ValueError: a request needs more than ``budget`` pages (names ``max_gather_pages``).
+    """
+    from .reference.prefill import plan_chunks
+    hist = [max(s - 1, 0) // PAGE_SIZE for s in seq_lens]
+    q0 = query_start_loc[0] if query_start_loc else 0
+    chunks = []
+    for a, b in plan_chunks(hist, budget):
+        gathered = [n if (n > SHORT_MAX_LOCAL or not skip_short) else 0 for n in hist[a:b]]
+        offsets = [0]
+        for n in gathered:
+            offsets.append(offsets[-1] + n)
+        chunks.append(PrefillChunk(a, b, query_start_loc[a] - q0, query_start_loc[b] - q0,
+                                   offsets, gathered, offsets[-1]))
+    return chunks
+
+
+@dataclass
+class IndexerMetadata:
+    """What ``Indexer.plan`` produced for one step (valid until the next ``plan()``).
+
+    Attributes:
+        num_decodes: decode requests (padding included). decode_query_len: their Q (0: none).
+        num_decode_rows: ``num_decodes * Q``. prefill_row_start: first prefill row
+        (``query_start_loc[num_decodes]``). num_prefill_rows: prefill rows.
+        num_rows: rows the step writes (``out`` rows past it are never written).
+        decoder: the decode wrapper planned for (num_decodes, Q), or None.
+        prefill_chunks: ``PrefillChunk`` list (eager, in order).
+    """
+
+    num_decodes: int
+    decode_query_len: int
+    num_decode_rows: int
+    prefill_row_start: int
+    num_prefill_rows: int
+    num_rows: int
+    decoder: Any = None
+    prefill_chunks: list = field(default_factory=list)
+    generation: int = 0
+
+    @property
+    def decode_only(self) -> bool:
+        """True when the step has no prefill rows (its forward is capturable)."""
+        return not self.prefill_chunks
+
+
+class _Decoder(Protocol):
+    """What the decode path calls (``DecodeIndexerWrapper``'s plan/run interface, planned from
+    host-validated metadata). A context-parallel decoder (SPEC 8.2) provides the same."""
+
+    def plan_from_host(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       query_len: int) -> None: ...
+
+    def run(self, index_q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor): ...
+
+
+class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
+    """A ``DecodeIndexerWrapper`` whose step plan was validated by ``Indexer.plan`` on host
+    copies: ``plan_from_host`` copies the step's device metadata into the wrapper's buffers
+    (device-to-device, no sync, nothing read on the host). ``plan``/``run`` keep their meaning."""
+
+    def plan_from_host(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       query_len: int) -> None:
+        """Copy this step's (host-validated) ``block_table [B, W']`` and ``seq_lens [B]`` into
+        the wrapper's buffers; the first call builds (and on a GPU compiles) the runner.
+
+        Raises:
+            ValueError: a ``query_len`` other than the wrapper's.
+            NotImplementedError: Q * H > 64 on Triton.
+        """
+        b, w = self.block_table.shape
+        if self.query_len is not None and query_len != self.query_len:
+            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+        if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
+            dev = self.block_table.device
+            self._runner = _triton("decode").DecodeRunner(
+                self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
+                warmup=self.use_cuda_graph and dev.type == "cuda")
+        if seq_lens.data_ptr() != self.seq_lens.data_ptr():
+            self.seq_lens.copy_(seq_lens, non_blocking=True)
+        cols = min(w, block_table.shape[1])
+        if block_table.data_ptr() != self.block_table.data_ptr() or \
+                block_table.stride() != self.block_table.stride():
+            self.block_table[:, :cols].copy_(block_table[:, :cols], non_blocking=True)
+        self.query_len = query_len
+
+
+class _Staging:
+    """One pinned host buffer and its device twin, with an event marking the last copy."""
+
+    def __init__(self, n: int, device: torch.device):
+        pin = device.type == "cuda"
+        self.host = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.dev = torch.zeros(n, dtype=torch.int32, device=device) if pin else self.host
+        self.event = torch.cuda.Event() if pin else None
+        self.pending = False
+
+    def acquire(self) -> None:
+        """Wait (host) until the previous copy out of ``host`` has been done (almost always
+        already: it was enqueued two plans ago)."""
+        if self.pending and not self.event.query():
+            self.event.synchronize()
+        self.pending = False
+
+    def copy(self, lo: int, hi: int) -> torch.Tensor:
+        """Non-blocking H2D copy of ``host[lo:hi]``; returns the device view."""
+        if self.event is None:
+            return self.dev[lo:hi]
+        d = self.dev[lo:hi]
+        d.copy_(self.host[lo:hi], non_blocking=True)
+        return d
+
+    def mark(self) -> None:
+        if self.event is not None:
+            self.event.record()
+            self.pending = True
+
+
+class Indexer:
+    """The engine-facing NVFP4 indexer (SPEC 8.1): ``plan(step)`` once per step, then
+    ``forward(index_q, cache, metadata, out)`` per layer.
+
+    Args:
+        config: an ``IndexerConfig``.
+        backend: "auto" | "reference" | "triton" ("auto": Triton on CUDA, else the reference).
+    Raises:
+        ValueError: a bad backend for the config's device. NotImplementedError:
+        ``context_parallel_group`` (SPEC 8.2, not implemented yet).
+    """
+
+    def __init__(self, config: IndexerConfig, *, backend: str = "auto"):
+        if not isinstance(config, IndexerConfig):
+            raise TypeError(f"config: expected an IndexerConfig, got {type(config).__name__}")
+        if config.context_parallel_group is not None:
+            raise NotImplementedError("context_parallel_group: decode context parallelism "
+                                      "(SPEC 8.2) is not implemented yet; expected None")
+        self.config = c = config
+        dev = c.device
+        self.device = dev
+        self.backend = v.check_backend(backend, dev)
+        self._generation = 0
+        self.workspace = torch.empty((c.gather_pages, PAGE_SIZE, HEAD_DIM),
+                                     dtype=torch.float8_e4m3fn, device=dev)
+        self.max_decode_reqs = c.max_decode_reqs
+        # One block table / seq lens buffer for all decode wrappers (rows [:B] of each).
+        self.decode_block_table = torch.zeros((self.max_decode_reqs, c.max_pages),
+                                              dtype=torch.int32, device=dev)
+        self.decode_seq_lens = torch.zeros(self.max_decode_reqs, dtype=torch.int32, device=dev)
+        self.score_buffer = torch.empty(self._score_buffer_elems(), dtype=torch.float32,
+                                        device=dev)
+        self.decoders: dict[tuple[int, int], _Decoder] = {}
+        self._staging_elems = (9 * c.max_num_seqs + 8
+                               + 2 * _cdiv(c.max_num_batched_tokens * c.num_heads, 16))
+        self._staging = [_Staging(self._staging_elems, dev) for _ in range(_NUM_STAGING)]
+        self._slot = 0
+        self._num_sms = None
+        if self.backend == "triton":
+            from .triton.decode import _num_sms
+            self._num_sms = _num_sms(dev)
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _score_buffer_elems(self) -> int:
+        """float32 elements of the shared scratch: the largest decode runner's need over every
+        (B, Q) this config can plan, and a full prefill chunk's (Triton only)."""
+        c = self.config
+        if self.backend != "triton":
+            return 2
+        from .triton.decode import _num_sms, score_buffer_size
+        sms = _num_sms(c.device)
+        dec = max(score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms)
+                  for q in range(1, c.max_decode_query_len + 1)
+                  for b in range(1, self.max_decode_reqs + 1))
+        blocks = _cdiv(c.max_num_batched_tokens * c.num_heads, 128)
+        pre = _prefill_launch(blocks, max(c.max_pages - 1, 0), 128, sms, cap=None)["scratch"]
+        return max(dec, pre, 2)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Device (and pinned host) memory the indexer holds, in bytes, by buffer:
+        ``workspace``, ``score_scratch``, ``decode_buffers`` (shared block table / seq lens),
+        ``staging_device``, ``staging_pinned_host`` and ``total_device``. Wrapper-private
+        allocations (none today) would add to it; the FP8 workspace dominates at long contexts.
+        """
+        nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+        d = {"workspace": nb(self.workspace), "score_scratch": nb(self.score_buffer),
+             "decode_buffers": nb(self.decode_block_table) + nb(self.decode_seq_lens)}
+        pinned = self.device.type == "cuda"
+        d["staging_device"] = sum(nb(s.dev) for s in self._staging) if pinned else 0
+        d["staging_pinned_host"] = sum(nb(s.host) for s in self._staging) if pinned else 0
+        d["total_device"] = (d["workspace"] + d["score_scratch"] + d["decode_buffers"]
+                             + d["staging_device"])
+        return d
+
+    # -- decode wrappers ------------------------------------------------------------------
+
+    def decoder(self, num_decodes: int, query_len: int) -> _Decoder:
+        """The decode wrapper of (padded batch size, Q), created on first use (its buffers are
+        rows ``[:num_decodes]`` of the shared buffers and never move). Creating one on a GPU
+        compiles its kernels (one sync): call this before capturing / timing a batch size.
+
+        Raises:
+            ValueError: ``num_decodes`` outside 1..max_decode_reqs, ``query_len`` outside
+            1..max_decode_query_len.
+        """
+        c = self.config
+        if not v.is_int(num_decodes) or not 1 <= num_decodes <= self.max_decode_reqs:
+            v.fail("num_decodes", f"an int in 1..{self.max_decode_reqs} (max(max_num_seqs, "
+                   "largest cudagraph batch size))", repr(num_decodes))
+        if not v.is_int(query_len) or not 1 <= query_len <= c.max_decode_query_len:
+            v.fail("query_len", f"an int in 1..{c.max_decode_query_len} (max_decode_query_len)",
+                   repr(query_len))
+        key = (int(num_decodes), int(query_len))
+        dec = self.decoders.get(key)
+        if dec is None:
+            # ---- SPEC 8.2 hook: with c.context_parallel_group, this is the single place that
+            # would build the context-parallel decoder (same plan_from_host / run interface).
+            dec = _HostPlannedDecodeWrapper(
+                c.num_heads, block_table_buffer=self.decode_block_table[:key[0]],
+                seq_lens_buffer=self.decode_seq_lens[:key[0]],
+                use_cuda_graph=self.device.type == "cuda", backend=self.backend,
+                score_buffer=self.score_buffer if self.backend == "triton" else None)
+            dec.plan_from_host(self.decode_block_table[:key[0]], self.decode_seq_lens[:key[0]],
+                               key[1])  # builds the runner (compiles on a GPU)
+            self.decoders[key] = dec
+        return dec
+
+    # -- plan -----------------------------------------------------------------------------
+
+    def _check_step(self, step: StepMetadata):
+        """Metadata and host-value checks (SPEC 10); returns host numpy views."""
+        if not isinstance(step, StepMetadata):
+            raise TypeError(f"step: expected a StepMetadata, got {type(step).__name__}")
+        c, dev = self.config, self.device
+        v.check_tensor("seq_lens_cpu", step.seq_lens_cpu, dtypes=v.INT_DTYPES, ndim=1,
+                       device="cpu")
+        r = step.seq_lens_cpu.shape[0]
+        v.check_tensor("query_start_loc_cpu", step.query_start_loc_cpu, dtypes=v.INT_DTYPES,
+                       shape=(r + 1,), device="cpu")
+        v.check_tensor("query_start_loc", step.query_start_loc, dtypes=(torch.int32,),
+                       shape=(r + 1,), device=dev)
+        v.check_tensor("seq_lens", step.seq_lens, dtypes=(torch.int32,), shape=(r,), device=dev,
+                       contiguous=True)
+        v.check_tensor("block_table", step.block_table, dtypes=(torch.int32,), shape=(r, None),
+                       device=dev)
+        if step.block_table.stride(-1) != 1 and step.block_table.shape[1] > 1:
+            v.fail("block_table", "unit stride in the last dim", f"strides "
+                   f"{step.block_table.stride()}")
+        nd = step.num_decodes
+        if not v.is_int(nd) or not 0 <= nd <= r:
+            v.fail("num_decodes", f"an int in 0..{r} (requests in the step)", repr(nd))
+        nd = int(nd)
+        qsl = step.query_start_loc_cpu.numpy().astype(np.int64, copy=False)
+        sl = step.seq_lens_cpu.numpy().astype(np.int64, copy=False)
+        ql = np.diff(qsl)
+        if r + 1 and (qsl[0] != 0 or (ql < 0).any()):
+            v.fail("query_start_loc_cpu", "non-decreasing offsets from 0",
+                   f"{qsl[:8].tolist()}{' ...' if r > 7 else ''}")
+        if qsl[-1] > c.max_num_batched_tokens:
+            v.fail("query_start_loc_cpu", f"at most max_num_batched_tokens="
+                   f"{c.max_num_batched_tokens} rows", f"{int(qsl[-1])}")
+        limit = min(step.block_table.shape[1] * PAGE_SIZE, c.max_model_len)
+        bad = (sl < 0) | (sl > limit)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            v.fail("seq_lens_cpu", f"values in 0..{limit} (min(block_table width * 128, "
+                   "max_model_len))", f"seq_lens_cpu[{i}]={int(sl[i])}")
+        q = 0
+        if nd:
+            if nd > self.max_decode_reqs:
+                v.fail("num_decodes", f"at most {self.max_decode_reqs} (max(max_num_seqs, "
+                       "largest cudagraph batch size))", nd)
+            dq = ql[:nd]
+            real = np.flatnonzero(dq)
+            if real.size == 0:
+                v.fail("query_start_loc_cpu", "at least one decode request with a query "
+                       f"length in 1..{c.max_decode_query_len}", "only zero-length ones")
+            q = int(dq[real[0]])
+            if not 1 <= q <= c.max_decode_query_len:
+                v.fail("query_start_loc_cpu", f"decode query lengths in 1.."
+                       f"{c.max_decode_query_len} (max_decode_query_len)", f"{q} for request "
+                       f"{int(real[0])}")
+            n_real = real.size
+            if real[-1] != n_real - 1 or (dq[:n_real] != q).any():
+                i = int(np.flatnonzero((dq[:n_real] != q))[0]) if (dq[:n_real] != q).any() \
+                    else int(np.flatnonzero(dq == 0)[0])
+                v.fail("query_start_loc_cpu", f"decode requests of one query length {q}, "
+                       "zero-length (padding) ones last", f"length {int(dq[i])} for "
+                       f"decode request {i}")
+            if n_real < nd:
+                if nd < r:
+                    v.fail("num_decodes", "no zero-length (padding) decode requests in a step "
+                           "with prefill requests", f"{nd - n_real} padding requests and "
+                           f"{r - nd} prefill requests")
+                if (sl[n_real:nd] != 0).any():
+                    i = n_real + int(np.flatnonzero(sl[n_real:nd])[0])
+                    v.fail("seq_lens_cpu", "0 for zero-length (padding) decode requests",
+                           f"seq_lens_cpu[{i}]={int(sl[i])}")
+            short = sl[:n_real] < q
+            if short.any():
+                i = int(np.flatnonzero(short)[0])
+                v.fail("seq_lens_cpu", f">= query_len={q} for every decode request",
+                       f"seq_lens_cpu[{i}]={int(sl[i])}")
+        if nd < r:
+            pq, ps = ql[nd:], sl[nd:]
+            bad = (pq < 1) | (pq > ps)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                v.fail("seq_lens_cpu", "1 <= q_len <= seq_len for every prefill request",
+                       f"q_len={int(pq[i])}, seq_len={int(ps[i])} for request {nd + i}")
+            if r - nd > c.max_num_seqs:
+                v.fail("seq_lens_cpu", f"at most max_num_seqs={c.max_num_seqs} prefill "
+                       "requests", r - nd)
+        return nd, q, qsl, sl
+
+    def plan(self, step: StepMetadata) -> IndexerMetadata:
+        """Plan one step (SPEC 8.1): outside CUDA-graph capture, every step.
+
+        Validates ``step`` against its host copies (shapes, dtypes, devices; query lengths,
+        seq lens, padding, sizes against the config), re-plans the decode wrapper of
+        (num_decodes, Q) (device-to-device copies of the step's block table and seq lens
+        into its buffers) and groups the prefill requests into chunks that fit the workspace
+        (one non-blocking host-to-device copy of each chunk's metadata). Reads no device
+        value and never syncs (except the first time a (num_decodes, Q) is seen on a GPU:
+        its kernels compile).
+
+        Returns:
+            ``IndexerMetadata``, valid until the next ``plan()``.
+        Raises:
+            TypeError / ValueError: bad step metadata (nothing is written or copied).
+            NotImplementedError: context parallelism (see ``Indexer``).
+        """
+        nd, q, qsl, sl = self._check_step(step)
+        c = self.config
+        r = sl.shape[0]
+        dec = self.decoder(nd, q) if nd else None  # raises before any copy on bad sizes
+        p0 = int(qsl[nd])
+        pre_rows = int(qsl[r]) - p0
+        chunks = []
+        if nd < r:
+            chunks = plan_prefill_chunks(qsl[nd:].tolist(), sl[nd:].tolist(), c.gather_pages,
+                                         skip_short=self.backend == "triton")
+            if self.backend == "triton":
+                self._plan_triton_chunks(step, nd, qsl, sl, chunks)
+            else:  # the reference reads device values (it may sync)
+                for ch in chunks:
+                    a, b = nd + ch.req_start, nd + ch.req_end
+                    cap = torch.as_tensor(sl[a:b], dtype=torch.int32).to(self.device)
+                    ch.dev = {"qsl_cpu": (qsl[a:b + 1] - qsl[a]).tolist(),
+                              "seq": torch.minimum(step.seq_lens[a:b], cap),
+                              "block_table": step.block_table[a:b]}
+        # Everything validated: now write (decode buffers).
+        self._generation += 1
+        if dec is not None:
+            dec.plan_from_host(step.block_table[:nd], step.seq_lens[:nd], q)
+        return IndexerMetadata(num_decodes=nd, decode_query_len=q, num_decode_rows=nd * q,
+                               prefill_row_start=p0, num_prefill_rows=pre_rows,
+                               num_rows=max(nd * q, p0 + pre_rows), decoder=dec,
+                               prefill_chunks=chunks, generation=self._generation)
+
+    def _plan_triton_chunks(self, step, nd, qsl, sl, chunks) -> None:
+        """Row blocks, splits and scratch of each chunk (host), staged in one pinned buffer:
+        one non-blocking H2D copy per chunk; the device seq lens are clamped by their host
+        copies so no kernel reads past what the plan sized."""
+        from .triton.scoring import plan_row_blocks
+        h = self.config.num_heads
+        pq = qsl[nd:] - qsl[nd]
+        pqs, psl = pq.tolist(), sl[nd:].tolist()
+        plans, total = [], 0
+        for ch in chunks:
+            a, b = ch.req_start, ch.req_end
+            longest = max(pqs[i + 1] - pqs[i] for i in range(a, b))
+            bm = min(128, max(16, 1 << max(longest * h - 1, 0).bit_length()))
+            rel = [x - pqs[a] for x in pqs[a:b + 1]]
+            reqs, row0s, pages = plan_row_blocks(rel, psl[a:b], h, bm, range(b - a))
+            score_pages = max(p if p > SHORT_MAX_LOCAL else 0 for p in pages)
+            ch.launch = _prefill_launch(len(reqs), score_pages, bm, self._num_sms,
+                                        cap=self.score_buffer.numel())
+            ch.launch["max_gather"] = max(ch.gather_pages)
+            # staged layout: [qsl (n+1) | seq cap (n) | ws offsets (n+1) | pages (n) | blocks 2nb]
+            n = b - a
+            vals = rel + psl[a:b] + ch.page_offsets + ch.gather_pages + reqs + row0s
+            plans.append((ch, n, len(reqs), vals))
+            total += len(vals)
+        if total > self._staging_elems:  # cannot happen within the config's limits
+            v.fail("step", f"prefill metadata of at most {self._staging_elems} ints (staging)",
+                   total)
+        st = self._staging[self._slot]
+        self._slot = (self._slot + 1) % _NUM_STAGING
+        st.acquire()
+        off = 0
+        for ch, n, nb, vals in plans:
+            lo, hi = off, off + len(vals)
+            st.host_np[lo:hi] = vals
+            d = st.copy(lo, hi)
+            seq = step.seq_lens[nd + ch.req_start: nd + ch.req_end]
+            qsl_d, cap, ws_off, pages, blocks = d.split([n + 1, n, n + 1, n, 2 * nb])
+            # min(device seq lens, host copy): kernels never read past the planned pages
+            ch.dev = {"qsl": qsl_d, "seq": torch.minimum(seq, cap), "ws_off": ws_off,
+                      "pages": pages, "blocks": blocks, "num_blocks": nb,
+                      "block_table": step.block_table[nd + ch.req_start: nd + ch.req_end]}
+            off = hi
+        st.mark()
+
+    # -- forward --------------------------------------------------------------------------
+
+    def forward(self, index_q: torch.Tensor, cache: torch.Tensor, metadata: IndexerMetadata,
+                out: torch.Tensor) -> torch.Tensor:
+        """Select pages for every row of the planned step into ``out`` (SPEC 8.1).
+
+        Args:
+            index_q: ``float8_e4m3fn [T, H, 128]`` (T >= the step's rows; unit last stride).
+            cache: the paged index-K cache ``uint8 [N, 128, 72]`` (SPEC 2).
+            metadata: this step's ``IndexerMetadata`` (from the latest ``plan()``).
+            out: int32 ``[T', H, 16]`` contiguous, T' >= the step's rows.
+        Decode rows ``[0, num_decodes * Q)`` go through the decode wrapper (no allocation, no
+        sync: capturable for a decode-only step); prefill chunks run eagerly: gather into the
+        reserved workspace, then Q8KV8 scoring + top-k, each into its own rows. Rows past the
+        step's are never written.
+        Returns:
+            ``out``.
+        Raises:
+            TypeError / ValueError: shapes, dtypes, devices (metadata only, no sync).
+            RuntimeError: metadata from an older ``plan()``.
+        """
+        c, dev = self.config, self.device
+        if not isinstance(metadata, IndexerMetadata):
+            raise TypeError(f"metadata: expected an IndexerMetadata, got "
+                            f"{type(metadata).__name__}")
+        if metadata.generation != self._generation:
+            raise RuntimeError("metadata: expected the IndexerMetadata of the latest plan() "
+                               f"(plan {self._generation}), got plan {metadata.generation}")
+        v.check_cache(cache)
+        v.check_tensor("cache", cache, device=dev)
+        v.check_index_q(index_q, num_heads=c.num_heads, device=dev)
+        v.check_tensor("out", out, dtypes=(torch.int32,), shape=(None, c.num_heads, TOPK),
+                       device=dev, contiguous=True)
+        rows = metadata.num_rows
+        for name, t in (("index_q", index_q), ("out", out)):
+            if t.shape[0] < rows:
+                v.fail(name, f"at least {rows} rows (the step's)", f"shape {tuple(t.shape)}")
+        nr = metadata.num_decode_rows
+        if nr:
+            metadata.decoder.run(index_q[:nr], cache, out[:nr])
+        p0 = metadata.prefill_row_start
+        for ch in metadata.prefill_chunks:
+            lo, hi = p0 + ch.row_start, p0 + ch.row_end
+            if self.backend == "triton":
+                self._triton_chunk(index_q[lo:hi], cache, ch, metadata, out[lo:hi])
+            else:
+                self._reference_chunk(index_q[lo:hi], cache, ch, metadata, out[lo:hi])
+        return out
+
+    __call__ = forward
+
+    def _triton_chunk(self, q, cache, ch, md, out) -> None:
+        from .triton.gather import gather_into
+        from .triton.numerics import device_guard, portable_default
+        from .triton.prefill import (TOKENS_ON_N_DOTS, _prefill_merge_kernel,
+                                     _prefill_score_kernel)
+        from .triton.scoring import resolve_dot
+        from .triton.topk import merge_config
+        import triton
+        d, L = ch.dev, ch.launch
+        dev = self.device
+        bt = d["block_table"]
+        if ch.total_pages:
+            gather_into(cache, bt, d["pages"], d["ws_off"], self.workspace, L["max_gather"],
+                        lengths_are_seq_lens=False, portable=portable_default(dev))
+        dot = resolve_dot(None, dev)
+        nb, ns, keep, win, bm = d["num_blocks"], L["ns"], L["keep"], L["win"], L["block_m"]
+        n_cand = L["cand"]
+        sb = self.score_buffer
+        cand = sb[:2 * max(n_cand, 1)].view(torch.int64)
+        winbuf = sb[2 * n_cand:2 * n_cand + max(L["win_elems"], 1)] if L["win_elems"] else sb[:1]
+        q8 = q.view(torch.uint8)
+        ws8 = self.workspace.view(torch.uint8)
+        h = self.config.num_heads
+        with device_guard(dev):
+            _prefill_score_kernel[(nb, ns)](
+                q8, q8.stride(0), q8.stride(1), ws8, d["ws_off"], 0, d["qsl"], d["seq"],
+                d["blocks"], nb, cand, winbuf, out, H=h, BLOCK_M=bm, NUM_SPLITS=ns, DOT=dot,
+                WINDOW=win, KEEP=keep, TOKENS_N=dot in TOKENS_ON_N_DOTS)
+            if ns > 1:
+                mrows, warps = merge_config(ns, keep)
+                _prefill_merge_kernel[(nb, triton.cdiv(bm, mrows))](
+                    cand, d["qsl"], d["seq"], d["blocks"], nb, out, H=h, BLOCK_M=bm,
+                    NUM_SPLITS=ns, SPLITS_PAD=triton.next_power_of_2(ns), ROWS=mrows,
+                    KEEP=keep, num_warps=warps)
+
+    def _reference_chunk(self, q, cache, ch, md, out) -> None:
+        """Reference: gather the chunk into the reserved workspace, score each request from
+        it exactly and select (SPEC 4, 5, 7)."""
+        from .reference.prefill import gather_index_k_fp8
+        from .reference.scores import scores_from_keys
+        from .reference.selection import select_pages
+        bt, seq, qsl = ch.dev["block_table"], ch.dev["seq"], ch.dev["qsl_cpu"]
+        ws, offsets = gather_index_k_fp8(cache, bt, seq)
+        self.workspace[:ws.shape[0]].copy_(ws)
+        sl, offsets = seq.tolist(), offsets.tolist()
+        for i in range(ch.req_end - ch.req_start):
+            lo, hi = qsl[i], qsl[i + 1]
+            pos = torch.arange(sl[i] - (hi - lo), sl[i], device=q.device)
+            local = torch.div(pos, PAGE_SIZE, rounding_mode="floor")
+            keys = self.workspace[offsets[i]:offsets[i + 1]]
+            scores, _ = scores_from_keys(q[lo:hi], keys, local)
+            out[lo:hi] = select_pages(scores, local, TOPK)
+
+
+def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int,
+                    cap: int | None) -> dict:
+    """Splits / keep / window of one prefill chunk's score launch (as
+    ``triton.prefill.prefill_indexer`` picks them) and its scratch in float32 elements;
+    with ``cap``, fewer splits (then window 1) until the scratch fits ``cap``."""
+    import triton
+
+    from .triton.prefill import _num_splits
+    from .triton.topk import choose_window
+    ns = 1 if score_pages == 0 else _num_splits(num_blocks, score_pages, num_sms)
+    force_win1 = False
+    while True:
+        per = triton.cdiv(max(score_pages, 1), ns)
+        keep = min(16, triton.next_power_of_2(per))
+        win = 1 if force_win1 else choose_window(per, block_m)
+        cand = num_blocks * block_m * ns * keep if ns > 1 else 0
+        win_elems = num_blocks * ns * 2 * win * block_m if win > 1 else 0
+        need = 2 * cand + win_elems
+        if cap is None or need <= cap:
+            break
+        if ns > 1:
+            ns = max(1, ns // 2)
+        else:
+            force_win1 = True
+    return {"ns": ns, "keep": keep, "win": win, "block_m": block_m, "cand": cand,
+            "win_elems": win_elems, "scratch": need}
+

@@ -1,0 +1,370 @@
+"""The engine-facing indexer (SPEC 8.1): config validation, planning from host copies, forward
+row for row against decode_indexer / prefill_indexer, untouched rows, from_vllm, memory."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import nvfp4_indexer as ni
+from nvfp4_indexer.engine import PrefillChunk, plan_prefill_chunks
+
+POISON = -7
+H = 2
+
+
+def _config(**kw):
+    args = dict(num_heads=H, max_model_len=3072, max_num_batched_tokens=512, max_num_seqs=6,
+                max_decode_query_len=4, cudagraph_batch_sizes=(1, 2, 4, 8))
+    args.update(kw)
+    return ni.IndexerConfig(**args)
+
+
+@pytest.fixture(scope="module")
+def cache():
+    nb = 96
+    gen = torch.Generator().manual_seed(3)
+    c = ni.new_index_cache(nb, page_stride=9216 + 16)
+    ni.write_index_k(c, torch.randn(nb * 128, 128, generator=gen),
+                     torch.randperm(nb * 128, generator=gen), backend="reference")
+    return c
+
+
+def _step(q_lens, seqs, nd, width=26, nb=96, seed=0, upper=None):
+    gen = torch.Generator().manual_seed(seed)
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    sl = torch.tensor(seqs, dtype=torch.int32)
+    bt = torch.randint(0, nb, (len(seqs), width), dtype=torch.int32, generator=gen)
+    sl_cpu = sl.clone() if upper is None else torch.tensor(upper, dtype=torch.int32)
+    return ni.StepMetadata(qsl.clone(), qsl, sl, sl_cpu, bt, nd)
+
+
+def _queries(rows, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return ni.encode_e4m3(torch.randn(rows, H, 128, generator=gen))
+
+
+def _expected(q, cache, step, nd, qlen):
+    """decode_indexer on the decode rows, prefill_indexer on the rest (public API)."""
+    sl, bt, qsl = step.seq_lens, step.block_table, step.query_start_loc_cpu
+    parts = []
+    if nd:
+        parts.append(ni.decode_indexer(q[:nd * qlen], cache, bt[:nd], sl[:nd], qlen,
+                                       backend="reference"))
+    if nd < len(sl):
+        p0, p1 = int(qsl[nd]), int(qsl[-1])
+        parts.append(ni.prefill_indexer(q[p0:p1], cache, bt[nd:], qsl[nd:] - qsl[nd], sl[nd:],
+                                        backend="reference"))
+    return torch.cat(parts)
+
+
+# ---------------------------------------------------------------------------------- config
+
+def test_names_exported():
+    for name in ("IndexerConfig", "Indexer", "StepMetadata", "IndexerMetadata"):
+        assert name in ni.__all__ and hasattr(ni, name)
+
+
+@pytest.mark.parametrize("kw,exc,words", [
+    (dict(num_heads=0), ValueError, "num_heads"),
+    (dict(num_heads=True), ValueError, "num_heads"),
+    (dict(max_model_len=-1), ValueError, "max_model_len"),
+    (dict(max_num_batched_tokens=0), ValueError, "max_num_batched_tokens"),
+    (dict(max_num_seqs=1.5), ValueError, "max_num_seqs"),
+    (dict(max_decode_query_len=0), ValueError, "max_decode_query_len"),
+    (dict(max_decode_query_len=9), NotImplementedError, "1..8"),
+    (dict(num_heads=17, max_decode_query_len=4), NotImplementedError, "1..16"),
+    (dict(cudagraph_batch_sizes=(1, 0)), ValueError, "cudagraph_batch_sizes"),
+    (dict(cudagraph_batch_sizes=3), ValueError, "cudagraph_batch_sizes"),
+    (dict(topk=8), NotImplementedError, "16"),
+    (dict(block_size=64), NotImplementedError, "128"),
+    (dict(init_blocks=1), NotImplementedError, "(16, 0, 1, 128, 128, 'max')"),
+])
+def test_config_validation(kw, exc, words):
+    with pytest.raises(exc, match=None) as e:
+        _config(**kw)
+    assert words in str(e.value)
+
+
+def test_config_normalizes_and_derives():
+    c = _config(cudagraph_batch_sizes=[8, 2, np.int64(4), 2], max_num_seqs=3)
+    assert c.cudagraph_batch_sizes == (2, 4, 8)
+    assert c.max_decode_reqs == 8 and c.max_pages == 24
+    assert c.gather_pages == ni.max_gather_pages(3072, 512)
+    assert c.padded_batch_size(3) == 4 and c.padded_batch_size(9) == 9
+    assert c.device == torch.device("cpu")
+    with pytest.raises(dataclasses_frozen_error()):
+        c.num_heads = 4
+
+
+def dataclasses_frozen_error():
+    import dataclasses
+    return dataclasses.FrozenInstanceError
+
+
+def test_context_parallel_group_not_implemented_yet():
+    c = _config(context_parallel_group=object())
+    with pytest.raises(NotImplementedError, match="context_parallel_group"):
+        ni.Indexer(c)
+
+
+def test_memory_report():
+    c = _config()
+    ix = ni.Indexer(c, backend="reference")
+    m = ix.memory_bytes()
+    assert m["workspace"] == c.gather_pages * 128 * 128
+    assert m["decode_buffers"] == c.max_decode_reqs * (c.max_pages + 1) * 4
+    assert m["total_device"] == m["workspace"] + m["score_scratch"] + m["decode_buffers"] + \
+        m["staging_device"]
+    big = ni.Indexer(_config(max_model_len=6144), backend="reference").memory_bytes()
+    assert big["workspace"] == 2 * m["workspace"]
+
+
+def test_memory_report_triton_scratch_covers_every_decode_runner():
+    from nvfp4_indexer.triton.decode import score_buffer_size
+    c = _config()
+    ix = ni.Indexer(c, backend="triton")
+    need = max(score_buffer_size(b, c.max_pages, H, q) for b in range(1, 9) for q in range(1, 5))
+    assert ix.score_buffer.numel() >= need
+    assert ix.memory_bytes()["score_scratch"] == ix.score_buffer.numel() * 4
+
+
+# ------------------------------------------------------------------------------- chunking
+
+def test_plan_prefill_chunks_fits_budget():
+    seqs = [2500, 100, 3000, 1, 2200, 129]
+    qsl = [10, 14, 20, 30, 31, 40, 45]
+    chunks = plan_prefill_chunks(qsl, seqs, 30)
+    hist = [(s - 1) // 128 for s in seqs]
+    assert [c.req_start for c in chunks][0] == 0 and chunks[-1].req_end == len(seqs)
+    for a, b in zip(chunks, chunks[1:]):
+        assert a.req_end == b.req_start and a.row_end == b.row_start
+    for c in chunks:
+        assert sum(hist[c.req_start:c.req_end]) <= 30
+        assert c.page_offsets[-1] == c.total_pages == sum(c.gather_pages)
+        assert all(g in (0, h) for g, h in zip(c.gather_pages, hist[c.req_start:c.req_end]))
+    assert chunks[0].row_start == 0 and chunks[-1].row_end == 35
+    full = plan_prefill_chunks(qsl, seqs, 30, skip_short=False)
+    assert [c.gather_pages for c in full] == [hist[c.req_start:c.req_end] for c in full]
+    assert isinstance(full[0], PrefillChunk)
+    with pytest.raises(ValueError, match="max_gather_pages"):
+        plan_prefill_chunks(qsl, seqs, 20)
+
+
+# ---------------------------------------------------------------------------- forward
+
+MIXED = ([2, 2, 2, 100, 37, 300], [2500, 300, 2950, 2100, 37, 2600], 3)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_forward_equals_public_ops(cache, backend):
+    """Mixed step (decode Q=2 + prefill requests in two chunks), then a padded decode-only
+    step of another Q; rows past the step stay poisoned. (Triton: smaller, interpreter.)"""
+    if backend == "triton":
+        ix = ni.Indexer(_config(max_model_len=2560), backend=backend)  # budget 20 pages
+        q_lens, seqs, nd = [2, 2, 60, 100], [2300, 300, 2200, 2500], 2  # prefill needs 36
+        dq, ds = [3, 3, 3, 0], [2200, 3, 2400, 0]
+    else:
+        ix = ni.Indexer(_config(), backend=backend)  # budget 24 pages: prefill needs 36
+        (q_lens, seqs, nd), dq, ds = MIXED, [3, 3, 3, 0], [2200, 3, 2900, 0]
+    step = _step(q_lens, seqs, nd)
+    md = ix.plan(step)
+    assert len(md.prefill_chunks) == 2 and md.num_decode_rows == 2 * nd and not md.decode_only
+    rows = sum(q_lens)
+    q = _queries(rows + 4)
+    out = torch.full((rows + 4, H, 16), POISON, dtype=torch.int32)
+    assert ix.forward(q, cache, md, out) is out
+    assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
+    assert bool((out[rows:] == POISON).all())
+    # decode-only, 3 requests padded to 4 (zero-length, seq len 0, garbage block table row)
+    step = _step(dq, ds, 4, seed=5)
+    step.block_table[3] = -5
+    md = ix.plan(step)
+    assert md.decode_only and md.num_rows == 12 and md.decoder is ix.decoders[(4, 3)]
+    out.fill_(POISON)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out[:12], _expected(q, cache, step, 4, 3))
+    assert out[9:12, :, 0].eq(0).all() and out[9:12, :, 1:].eq(-1).all()  # padding rows
+    assert bool((out[12:] == POISON).all())
+
+
+def test_forward_host_upper_bound_and_stale_metadata(cache):
+    ix = ni.Indexer(_config(), backend="reference")
+    q_lens, seqs, nd = MIXED
+    upper = [s + 2 for s in seqs[:nd]] + [min(s + 3, 3072) for s in seqs[nd:]]
+    step = _step(q_lens, seqs, nd, upper=upper)
+    md = ix.plan(step)
+    rows = sum(q_lens)
+    q = _queries(rows)
+    out = torch.full((rows, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out, _expected(q, cache, step, nd, 2))
+    ix.plan(step)
+    with pytest.raises(RuntimeError, match="latest plan"):
+        ix.forward(q, cache, md, out)
+
+
+def test_decoder_reused_and_buffers_never_move(cache):
+    ix = ni.Indexer(_config(), backend="reference")
+    s1 = _step([1, 1], [300, 2500], 2)
+    md1 = ix.plan(s1)
+    ptr = md1.decoder.block_table.data_ptr()
+    md2 = ix.plan(_step([1, 1], [301, 2501], 2, seed=9))
+    assert md2.decoder is md1.decoder and md2.decoder.block_table.data_ptr() == ptr
+    assert md2.decoder.block_table.data_ptr() == ix.decode_block_table.data_ptr()
+
+
+# -------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("mutate,exc,words", [
+    (lambda s: setattr(s, "num_decodes", 7), ValueError, "num_decodes"),
+    (lambda s: s.query_start_loc_cpu.__setitem__(2, 3), ValueError, "query_start_loc_cpu"),
+    (lambda s: s.query_start_loc_cpu.__setitem__(slice(1, None), s.query_start_loc_cpu[1:] + 5),
+     ValueError, "query_start_loc_cpu"),
+    (lambda s: s.seq_lens_cpu.__setitem__(1, 1), ValueError, "seq_lens_cpu"),
+    (lambda s: s.seq_lens_cpu.__setitem__(4, 4000), ValueError, "seq_lens_cpu"),
+    (lambda s: s.seq_lens_cpu.__setitem__(4, 36), ValueError, "q_len <= seq_len"),
+    (lambda s: setattr(s, "seq_lens", s.seq_lens.long()), ValueError, "seq_lens"),
+    (lambda s: setattr(s, "block_table", s.block_table[:, :2]), ValueError, "seq_lens_cpu"),
+    (lambda s: setattr(s, "query_start_loc_cpu", s.query_start_loc_cpu[:-1]), ValueError,
+     "query_start_loc_cpu"),
+    (lambda s: setattr(s, "seq_lens_cpu", [1, 2]), TypeError, "seq_lens_cpu"),
+])
+def test_bad_step_raises_before_writing(cache, mutate, exc, words):
+    ix = ni.Indexer(_config(), backend="reference")
+    good = ix.plan(_step([1, 1, 1], [300, 2500, 130], 3, seed=2))
+    bt_before = ix.decode_block_table.clone()
+    sl_before = ix.decode_seq_lens.clone()
+    q_lens, seqs, nd = MIXED
+    step = _step(q_lens, seqs, nd, seed=4)
+    mutate(step)
+    with pytest.raises(exc) as e:
+        ix.plan(step)
+    assert words in str(e.value)
+    assert torch.equal(ix.decode_block_table, bt_before)
+    assert torch.equal(ix.decode_seq_lens, sl_before)
+    out = torch.full((3, H, 16), POISON, dtype=torch.int32)
+    ix.forward(_queries(3), cache, good, out)  # the last good plan still stands
+    assert not bool((out == POISON).any())
+
+
+@pytest.mark.parametrize("q_lens,seqs,nd,words", [
+    ([2, 3], [100, 100], 2, "one query length"),
+    ([2, 0, 2], [100, 0, 100], 3, "padding"),
+    ([0, 0], [0, 0], 2, "at least one decode request"),
+    ([5, 5], [100, 100], 2, "1..4"),
+    ([2, 0, 10], [100, 0, 100], 2, "no zero-length"),
+    ([2, 0], [100, 7], 2, "0 for zero-length"),
+])
+def test_bad_decode_batches(q_lens, seqs, nd, words):
+    ix = ni.Indexer(_config(), backend="reference")
+    with pytest.raises(ValueError) as e:
+        ix.plan(_step(q_lens, seqs, nd))
+    assert words in str(e.value)
+    assert not ix.decoders
+
+
+def test_forward_bad_shapes(cache):
+    ix = ni.Indexer(_config(), backend="reference")
+    md = ix.plan(_step([2, 2], [300, 2500], 2))
+    out = torch.full((4, H, 16), POISON, dtype=torch.int32)
+    with pytest.raises(ValueError, match="index_q"):
+        ix.forward(_queries(3), cache, md, out)
+    with pytest.raises(ValueError, match="out"):
+        ix.forward(_queries(4), cache, md, out[:3])
+    with pytest.raises(ValueError, match="index_q"):
+        ix.forward(ni.encode_e4m3(torch.randn(4, 3, 128)), cache, md, out)
+    assert bool((out == POISON).all())
+
+
+# ------------------------------------------------------------------------------ vLLM
+
+def test_from_vllm_reads_fields_by_name(cache):
+    q_lens, seqs, nd = MIXED
+    s = _step(q_lens, seqs, nd)
+    upper = s.seq_lens_cpu + 1
+    cam = types.SimpleNamespace(query_start_loc=s.query_start_loc,
+                                query_start_loc_cpu=s.query_start_loc_cpu, seq_lens=s.seq_lens,
+                                seq_lens_cpu_upper_bound=upper, seq_lens_cpu=s.seq_lens_cpu,
+                                block_table_tensor=s.block_table, num_reqs=len(seqs))
+    st = ni.StepMetadata.from_vllm(cam, nd)
+    assert st.seq_lens_cpu is upper and st.block_table is s.block_table and st.num_decodes == nd
+    cam.seq_lens_cpu_upper_bound = None
+    assert ni.StepMetadata.from_vllm(cam, nd).seq_lens_cpu is s.seq_lens_cpu
+    ix = ni.Indexer(_config(), backend="reference")
+    md = ix.plan(ni.StepMetadata.from_vllm(cam, nd))
+    q = _queries(sum(q_lens))
+    out = ix.forward(q, cache, md, torch.empty((sum(q_lens), H, 16), dtype=torch.int32))
+    assert torch.equal(out, _expected(q, cache, s, nd, 2))
+    del cam.block_table_tensor
+    with pytest.raises(AttributeError, match="block_table_tensor"):
+        ni.StepMetadata.from_vllm(cam, nd)
+
+
+# ------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_plan_never_syncs_and_decode_graph_replays():
+    dev = torch.device("cuda")
+    nb = 96
+    c = ni.new_index_cache(nb, device=dev)
+    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev),
+                     torch.randperm(nb * 128, device=dev))
+    ix = ni.Indexer(_config(device=dev))
+    q_lens, seqs, nd = MIXED
+
+    def to_dev(s):
+        return ni.StepMetadata(s.query_start_loc.to(dev), s.query_start_loc_cpu.pin_memory(),
+                               s.seq_lens.to(dev), s.seq_lens_cpu.pin_memory(),
+                               s.block_table.to(dev), s.num_decodes)
+    mixed = to_dev(_step(q_lens, seqs, nd))
+    dec = to_dev(_step([3, 3, 3, 0], [2200, 3, 2900, 0], 4, seed=5))
+    ix.decoder(3, 2)  # first use compiles (one sync): outside the debug mode
+    ix.decoder(4, 3)
+    q = _queries(sum(q_lens)).to(dev)
+    out = torch.full((sum(q_lens) + 4, H, 16), POISON, dtype=torch.int32, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        md = ix.plan(mixed)
+        md2 = None
+        for _ in range(3):
+            md2 = ix.plan(dec)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    md = ix.plan(mixed)
+    ix.forward(q, c, md, out)
+    cpu_step = _step(q_lens, seqs, nd)
+    cache_cpu = c.cpu()  # a contiguous copy has the default page stride
+    want = _expected(q.cpu(), cache_cpu, cpu_step, nd, 2)
+    torch.cuda.synchronize()
+    ok = _tie_free_equal(out[:sum(q_lens)].cpu(), want)
+    assert ok, "mixed step differs from the reference beyond ties"
+    md2 = ix.plan(dec)
+    ix.forward(q, c, md2, out)  # warm-up
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ix.forward(q, c, md2, out)
+    dstep = _step([3, 3, 3, 0], [2300, 4, 2700, 0], 4, seed=8)
+    ix.plan(to_dev(dstep))
+    out.fill_(POISON)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _tie_free_equal(out[:12].cpu(), _expected(q.cpu(), cache_cpu, dstep, 4, 3))
+    assert bool((out[12:] == POISON).all())
+
+
+def _tie_free_equal(got, want) -> bool:
+    """Random gaussian keys and queries: ties are rare; allow rows that differ only in order
+    of the 15 history slots (a GPU scorer rounds differently)."""
+    same = (got == want).all(dim=-1)
+    if bool(same.all()):
+        return True
+    g, w = got[~same], want[~same]
+    return bool((g[:, 15] == w[:, 15]).all()) and \
+        bool((g[:, :15].sort(dim=-1).values == w[:, :15].sort(dim=-1).values).float().mean()
+             > 0.98)
