@@ -251,21 +251,23 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     Args:
         index_q: ``float8_e4m3fn [T, H, 128]``. cache: the paged cache. block_table: int32
         ``[R, W]``. seq_lens: int32 ``[R]`` (context + this step's tokens).
-        query_start_loc: int32 ``[R+1]`` row offsets (queries bottom-right aligned).
+        query_start_loc: int32 ``[R+1]`` row offsets (queries bottom-right aligned; a request
+        may have no rows).
     Returns:
         float32 ``[T, H, W]``: max over each history page's tokens of the q . K dot product
-        (exact, rounded once to fp32 by the reference); -inf where page j >= the row's local page.
+        (exact, rounded once to fp32 by the reference); -inf where page j >= the row's local page,
+        so every row of a request of seq_len 0 (SPEC 5's padding rows) is -inf.
     Raises:
         ValueError: shapes, dtypes, devices, ``query_start_loc`` not from 0 to T or decreasing,
-        q_len > seq_len (a request of seq_len 0 has no rows), narrow block table, block ids
-        outside the cache.
+        q_len > seq_len for a request of seq_len > 0, narrow block table, block ids outside the
+        cache.
     """
     dev = _check_paged(cache, block_table, seq_lens)
     v.check_index_q(index_q, device=dev)
     v.check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,),
                    shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
     q_lens = v.check_offsets("query_start_loc", query_start_loc, index_q.shape[0], min_len=0)
-    v.check_q_lens_fit(q_lens, seq_lens, "query_start_loc")
+    v.check_q_lens_fit(q_lens, seq_lens, "query_start_loc", padding=True)
     v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
         return _triton("scores").page_scores(index_q, cache, block_table, seq_lens,

@@ -251,10 +251,11 @@ def check_offsets(name: str, offsets, num_rows: int, min_len: int):
     return q_lens
 
 
-def check_q_lens_fit(q_lens, seq_lens, offsets_name: str) -> None:
-    """q_len <= seq_len and seq_len >= 0 for every request (SPEC 4, 7). Syncs."""
+def check_q_lens_fit(q_lens, seq_lens, offsets_name: str, padding: bool = False) -> None:
+    """q_len <= seq_len and seq_len >= 0 for every request (SPEC 4, 7); with ``padding``, a
+    request of seq_len 0 may have rows (SPEC 5's padding rows). Syncs."""
     s = seq_lens.to(torch.long).cpu()
-    bad = (q_lens > s) | (s < 0)
+    bad = ((q_lens > s) & ((s != 0) if padding else True)) | (s < 0)
     if bool(bad.any()):
         r = int(bad.nonzero()[0, 0])
         fail("seq_lens", f"0 <= q_len <= seq_len for every request (q_len from {offsets_name})",

@@ -275,9 +275,13 @@ def test_page_scores_errors(s):
     e = expect(ValueError, "query_start_loc", f, q, c, bt, sl,
                torch.tensor([0, 5, 4], dtype=torch.int32), **REF)
     assert str(e).startswith("query_start_loc:"), e
-    # seq_len 0 with 3 query rows: q_len > seq_len raises, as the docstring says (issue 18)
-    expect(ValueError, "seq_lens", f, q[:3], c, bt, torch.tensor([0, 200], dtype=torch.int32),
+    # q_len 3 > seq_len 2 raises; seq_len 0 with 3 rows is a padding request (SPEC 5): its rows
+    # are -inf, as the docstring says (issue 18: the docstring said it raised)
+    expect(ValueError, "seq_lens", f, q[:3], c, bt, torch.tensor([2, 200], dtype=torch.int32),
            torch.tensor([0, 3, 3], dtype=torch.int32), **REF)
+    pad = f(q[:3], c, bt, torch.tensor([0, 200], dtype=torch.int32),
+            torch.tensor([0, 3, 3], dtype=torch.int32), **REF)
+    assert pad.shape == (3, 2, bt.shape[1]) and bool(torch.isneginf(pad).all())
     expect(ValueError, "block_table", f, q, c, bt, torch.tensor([600, 2], dtype=torch.int32),
            qsl, **REF)
     bad = bt.clone()
