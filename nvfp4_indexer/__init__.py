@@ -5,7 +5,15 @@ resolved on first use (PEP 562), so ``import nvfp4_indexer`` and ``nvfp4-indexer
 ``--version`` do not import torch.
 """
 
+from typing import TYPE_CHECKING
+
 from .constants import HEAD_DIM, PAGE_BYTES, PAGE_SIZE, SPEC_VERSION, TOPK
+
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
+    from .api import (DecodeIndexerWrapper, decode_indexer, dequantize_nvfp4, encode_e4m3,
+                      gather_index_k_fp8, insert_index_k, max_gather_pages, new_index_cache,
+                      page_scores, prefill_indexer, prepare_index_q, quantize_nvfp4,
+                      read_index_k, write_index_k)
 
 __version__ = "0.1.0"  # the one place (pyproject reads it)
 

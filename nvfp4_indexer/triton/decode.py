@@ -460,8 +460,10 @@ class DecodeRunner:
             [N, 128, 72]`` paged cache view (page stride = ``cache.stride(0)``).
             block_table: int32 ``[B, W]`` (unit last stride). seq_lens: int32 ``[B]``.
             out: int32 ``[B*Q, H, 16]`` contiguous.
-        Values are trusted (validated by the caller's ``plan()``); shapes are checked.
-        Returns ``out``.
+        Values are trusted (validated by the caller's ``plan()``); shapes are checked. Even
+        so the kernels clamp seq_lens to ``W * 128`` and block ids into
+        ``[0, cache.shape[0])``: edited buffers never make them read outside the block-table
+        row or the cache (SPEC 10). Returns ``out``.
         """
         b, q, h = self.num_reqs, self.query_len, self.num_heads
         if tuple(index_q.shape) != (b * q, h, HEAD_DIM) or tuple(out.shape) != (b * q, h, TOPK) \
