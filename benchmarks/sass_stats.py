@@ -25,7 +25,8 @@ import tempfile
 
 DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_ptr="*u8",
                     page_stride="i32", bt_ptr="*i32", bt_stride="i32", seq_lens_ptr="*i32",
-                    cand_ptr="*i64", win_ptr="*fp32", out_ptr="*i32")
+                    cand_ptr="*i64", win_ptr="*fp32", out_ptr="*i32", width="i32",
+                    num_blocks="i32")
 PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
                      blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64", win_ptr="*fp32",
@@ -68,7 +69,8 @@ def compile_prefill(*, heads=4, block_m=128, num_splits=2, dot="fp16", window=32
 
 
 GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_stride="i32",
-                    len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32")
+                    len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32", width="i32",
+                    num_blocks="i32")
 INSERT_TYPES = dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32", pos_ptr="*i64",
                     w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
                     eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32")

@@ -4,7 +4,7 @@ and ``nvfp4-indexer golden``).
     conformance run [--backend B] [--smoke | --full] [--seed N] [--checks a,b] [--case GLOB]
                     [--json] [--save-failures DIR] [--record FILE] [--interpret] [--strict]
     conformance replay CASE.npz [--backend B] [--oracle]
-    conformance golden write DIR [--seed N]
+    conformance golden write DIR [--seed N] [--force]
     conformance golden verify [DIR] [--backend B] [--oracle | --no-oracle]
     conformance list
 
@@ -45,9 +45,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
+    """The harness's parser; ``prog`` names it in usage lines (``nvfp4-indexer conformance``
+    or ``nvfp4-indexer`` when mounted, so that ``golden`` reads ``nvfp4-indexer golden``)."""
     ap = argparse.ArgumentParser(
-        prog="conformance",
+        prog=prog,
         description="Conformance harness of nvfp4_indexer (SPEC 9): random paged engine "
                     "states, bit-exact and tie-aware checks, CUDA-graph replays, golden "
                     "vectors.")
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     prof = run.add_mutually_exclusive_group()
     prof.add_argument("--smoke", dest="profile", action="store_const", const="smoke",
-                      help="CI sizes (minutes on 2 cores, Triton interpreter included)")
+                      help="CI sizes (minutes on 2 cores; the Triton interpreter only with "
+                           "--backend triton --interpret)")
     prof.add_argument("--full", dest="profile", action="store_const", const="full",
                       help="GPU sizes: contexts up to 128K tokens, batches up to 64")
     prof.add_argument("--profile", dest="profile", choices=("smoke", "default", "full"))
@@ -87,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("dir", help="output directory (e.g. conformance/golden/v1)")
     gw.add_argument("--seed", type=int, default=None, help="generator seed")
     gw.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
+    gw.add_argument("--force", action="store_true",
+                    help="replace the files of an existing, non-empty DIR")
     gw.set_defaults(func=cmd_golden_write)
     gv = gsub.add_parser("verify", help="check a backend against a golden set")
     _common(gv)
@@ -106,24 +111,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv=None) -> int:
-    """Entry point; ``argv`` without the program name. Returns the exit status."""
+def main(argv=None, prog: str = "conformance") -> int:
+    """Entry point; ``argv`` without the program name, ``prog`` the name usage lines show.
+    Returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     if getattr(args, "interpret", False):
         _enable_interpreter()
     try:
         return args.func(args)
     except _UsageError as e:
-        print(f"conformance: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
 
 
 def golden_main(argv=None) -> int:
     """``nvfp4-indexer golden ...``: the ``golden`` subcommand."""
-    return main(["golden", *(sys.argv[1:] if argv is None else argv)])
+    return main(["golden", *(sys.argv[1:] if argv is None else argv)], prog="nvfp4-indexer")
 
 
 class _UsageError(Exception):
@@ -147,7 +153,9 @@ def _backend(args):
     try:
         return load_backend(args.backend, device)
     except (RuntimeError, ValueError, ImportError, AttributeError) as e:
-        raise _UsageError(f"--backend {args.backend}: {e}") from e
+        msg = str(e)  # load_backend's messages may already name the option
+        raise _UsageError(msg if msg.startswith("--backend") else
+                          f"--backend {args.backend}: {msg}") from e
 
 
 def _console():
@@ -220,7 +228,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from pathlib import Path
+
     from .cases import load_case, replay_case
+    stem = Path(args.case_file).with_suffix("")
+    missing = [str(stem.with_suffix(x)) for x in (".npz", ".json")
+               if not stem.with_suffix(x).is_file()]
+    if missing:  # a case is a .npz + .json pair: name what is absent
+        raise _UsageError(f"case file {args.case_file}: no such file {' or '.join(missing)}")
     backend = _backend(args)
     started = time.time()
     try:
@@ -235,7 +250,16 @@ def cmd_replay(args) -> int:
 
 
 def cmd_golden_write(args) -> int:
+    from pathlib import Path
+
     from .golden import GOLDEN_SEED, golden_size, write_golden
+    d = Path(args.dir)
+    if d.exists() and not d.is_dir():
+        raise _UsageError(f"golden write {args.dir}: not a directory")
+    if d.is_dir() and any(d.iterdir()) and not args.force:
+        raise _UsageError(f"golden write {args.dir}: the directory exists and is not empty "
+                          "(a golden set is versioned: write a new DIR, or pass --force to "
+                          "replace its files)")
     started = time.time()
     m = write_golden(args.dir, GOLDEN_SEED if args.seed is None else args.seed)
     size = golden_size(args.dir)

@@ -102,11 +102,10 @@ def new_index_cache(num_blocks: int, device=None, page_stride: int = PAGE_BYTES)
     Raises:
         ValueError: negative ``num_blocks`` or a bad ``page_stride``.
     """
-    if not v.is_int(num_blocks) or num_blocks < 0:
-        v.fail("num_blocks", "an int >= 0", repr(num_blocks))
+    num_blocks = v.check_int("num_blocks", num_blocks, lo=0)
     if not v.is_int(page_stride) or page_stride < PAGE_BYTES or page_stride % 16:
         v.fail("page_stride", f"an int >= {PAGE_BYTES} and a multiple of 16", repr(page_stride))
-    return ref.new_index_cache(int(num_blocks), device, int(page_stride))
+    return ref.new_index_cache(num_blocks, device, int(page_stride))
 
 
 def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor, *,
@@ -173,6 +172,7 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
                         rotary_dim, eps, dev)
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
     k, k_norm_weight, cos_sin_cache = map(_fp32_if_double, (k, k_norm_weight, cos_sin_cache))
+    rotary_dim, eps = int(rotary_dim), float(eps)  # numpy scalars -> Python (SPEC 11)
     if v.check_backend(backend, dev) == "triton":
         return _triton("insert").insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
                                                 cos_sin_cache, rotary_dim, eps)
@@ -197,6 +197,7 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     v.check_norm_inputs("q", q, positions, q_norm_weight, "q_norm_weight", cos_sin_cache,
                         rotary_dim, eps, q.device)
     q, q_norm_weight, cos_sin_cache = map(_fp32_if_double, (q, q_norm_weight, cos_sin_cache))
+    rotary_dim, eps = int(rotary_dim), float(eps)  # numpy scalars -> Python (SPEC 11)
     if v.check_backend(backend, q.device) == "triton":
         return _triton("query").prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
                                                 rotary_dim, eps)
@@ -250,38 +251,28 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     Args:
         index_q: ``float8_e4m3fn [T, H, 128]``. cache: the paged cache. block_table: int32
         ``[R, W]``. seq_lens: int32 ``[R]`` (context + this step's tokens).
-        query_start_loc: int32 ``[R+1]`` row offsets (queries bottom-right aligned).
+        query_start_loc: int32 ``[R+1]`` row offsets (queries bottom-right aligned; a request
+        may have no rows).
     Returns:
         float32 ``[T, H, W]``: max over each history page's tokens of the q . K dot product
-        (exact, rounded once to fp32 by the reference); -inf where page j >= the row's local page.
+        (exact, rounded once to fp32 by the reference); -inf where page j >= the row's local page,
+        so every row of a request of seq_len 0 (SPEC 5's padding rows) is -inf.
     Raises:
-        ValueError: shapes, dtypes, devices, ``query_start_loc`` not matching T, q_len > seq_len,
-        narrow block table, block ids outside the cache.
+        ValueError: shapes, dtypes, devices, ``query_start_loc`` not from 0 to T or decreasing,
+        q_len > seq_len for a request of seq_len > 0, narrow block table, block ids outside the
+        cache.
     """
     dev = _check_paged(cache, block_table, seq_lens)
     v.check_index_q(index_q, device=dev)
     v.check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,),
                    shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
-    _check_query_rows(query_start_loc, seq_lens, index_q.shape[0], allow_empty=True)
+    q_lens = v.check_offsets("query_start_loc", query_start_loc, index_q.shape[0], min_len=0)
+    v.check_q_lens_fit(q_lens, seq_lens, "query_start_loc", padding=True)
     v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
         return _triton("scores").page_scores(index_q, cache, block_table, seq_lens,
                                              query_start_loc)
     return ref.page_scores(index_q, cache, block_table, seq_lens, query_start_loc)
-
-
-def _check_query_rows(query_start_loc, seq_lens, rows: int, allow_empty: bool) -> None:
-    qsl = query_start_loc.to(torch.long).cpu()
-    if int(qsl[0]) != 0 or int(qsl[-1]) != rows:
-        v.fail("query_start_loc", f"first 0 and last {rows} (index_q rows)",
-               f"first {int(qsl[0])}, last {int(qsl[-1])}")
-    q_lens = qsl[1:] - qsl[:-1]
-    s = seq_lens.to(torch.long).cpu()
-    bad = (q_lens < (0 if allow_empty else 1)) | ((q_lens > s) & (s != 0)) | (s < 0)
-    if bool(bad.any()):
-        r = int(bad.nonzero()[0, 0])
-        v.fail("seq_lens", "q_len <= seq_len for every request (q_len from query_start_loc)",
-               f"q_len={int(q_lens[r])}, seq_len={int(s[r])} for request {r}")
 
 
 def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -304,12 +295,12 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
         TRITON_INTERPRET=1. NotImplementedError: topk != 16 or Q * H > 64 on Triton.
     """
     dev = _check_paged(cache, block_table, seq_lens)
-    v.check_query_len(query_len)
+    query_len = v.check_query_len(query_len)
     b = block_table.shape[0]
     v.check_index_q(index_q, rows=b * query_len, device=dev)
     h = index_q.shape[1]
     backend = v.check_backend(backend, dev)
-    v.check_topk(topk, backend)
+    topk = v.check_topk(topk, backend)
     if out is not None:
         v.check_out(out, b * query_len, h, topk, dev)
     v.check_decode_values(block_table, seq_lens, query_len, cache.shape[0])
@@ -331,11 +322,9 @@ def max_gather_pages(max_model_len: int, max_num_batched_tokens: int) -> int:
     Raises:
         ValueError: a non-positive argument.
     """
-    for name, val in (("max_model_len", max_model_len),
-                      ("max_num_batched_tokens", max_num_batched_tokens)):
-        if not v.is_int(val) or val <= 0:
-            v.fail(name, "a positive int", repr(val))
-    return ref.max_gather_pages(int(max_model_len), int(max_num_batched_tokens))
+    return ref.max_gather_pages(v.check_int("max_model_len", max_model_len, lo=1),
+                                v.check_int("max_num_batched_tokens", max_num_batched_tokens,
+                                            lo=1))
 
 
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -353,7 +342,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     Returns:
         int32 ``[Tp, H, topk]`` logical page ids (``out`` when given).
     Raises:
-        ValueError: shapes, dtypes, devices, ranges, a ``max_gather_pages`` below one request's
+        ValueError: shapes, dtypes, devices, ranges (``cu_seqlens_q`` not from 0 to Tp or with
+        a request of no rows, q_len > seq_len), a ``max_gather_pages`` below one request's
         history pages. NotImplementedError: topk != 16 on Triton.
     """
     dev = _check_paged(cache, block_table, seq_lens)
@@ -362,15 +352,15 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                    shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
     t, h, _ = index_q.shape
     backend = v.check_backend(backend, dev)
-    v.check_topk(topk, backend)
+    topk = v.check_topk(topk, backend)
     if out is not None:
         v.check_out(out, t, h, topk, dev)
     v.check_prefill_values(block_table, cu_seqlens_q, seq_lens, t, cache.shape[0])
     if max_gather_pages is None:
         max_gather_pages = ref.max_gather_pages(max(block_table.shape[1], 1) * PAGE_SIZE,
                                                 max(t, 1))
-    elif not v.is_int(max_gather_pages) or max_gather_pages < 0:
-        v.fail("max_gather_pages", "an int >= 0", repr(max_gather_pages))
+    else:
+        max_gather_pages = v.check_int("max_gather_pages", max_gather_pages, lo=0)
     ref.plan_chunks(history_pages(seq_lens).tolist(), max_gather_pages)  # raises if too small
     if t == 0:
         backend = "reference"  # no rows
@@ -403,26 +393,36 @@ class DecodeIndexerWrapper:
             first ``run()``).
         backend: "auto" | "reference" | "triton" (the reference run() syncs: not capturable).
         score_buffer: optional float32 scratch shared by wrappers that never run at once
-            (Triton; see ``nvfp4_indexer.triton.decode.score_buffer_size``).
+            (Triton; see ``nvfp4_indexer.triton.decode.score_buffer_size``): a contiguous 1-d
+            float32 tensor on the buffers' device, 8-byte aligned, checked here on every
+            backend (its size against the wrapper's shapes, exactly at the first ``plan()``).
+        num_blocks: the cache's block count (SPEC 10). ``plan()`` checks block ids against
+            it; without it the wrapper learns it from ``plan(num_blocks=)`` or the cache of
+            its first ``run()``, and a ``plan()`` before either checks ids >= 0 only. Kernels
+            never read outside the cache they are given whatever the plan saw (block ids are
+            clamped into it; seq_lens to the block-table width).
     Raises:
-        ValueError: bad buffers or ``num_heads``.
+        ValueError: bad buffers, ``num_heads``, ``score_buffer`` or ``num_blocks``.
     """
 
     def __init__(self, num_heads: int, *, block_table_buffer: torch.Tensor,
                  seq_lens_buffer: torch.Tensor, use_cuda_graph: bool = True,
-                 backend: str = "auto", score_buffer: torch.Tensor | None = None):
-        if not v.is_int(num_heads) or num_heads < 1:
-            v.fail("num_heads", "a positive int", repr(num_heads))
+                 backend: str = "auto", score_buffer: torch.Tensor | None = None,
+                 num_blocks: int | None = None):
+        num_heads = v.check_int("num_heads", num_heads, lo=1)
         v.check_tensor("block_table_buffer", block_table_buffer, dtypes=(torch.int32,), ndim=2,
                        contiguous=True)
         dev = block_table_buffer.device
         v.check_tensor("seq_lens_buffer", seq_lens_buffer, dtypes=(torch.int32,),
                        shape=(block_table_buffer.shape[0],), device=dev, contiguous=True)
+        self.num_blocks = v.check_int("num_blocks", num_blocks, lo=0, optional=True)
+        self.backend = v.check_backend(backend, dev)
+        if score_buffer is not None:
+            _check_score_buffer(score_buffer, dev, *block_table_buffer.shape, num_heads)
         self.num_heads = num_heads
         self.block_table = block_table_buffer
         self.seq_lens = seq_lens_buffer
         self.use_cuda_graph = use_cuda_graph
-        self.backend = v.check_backend(backend, dev)
         self.score_buffer = score_buffer
         self.query_len: int | None = None
         self._runner = None
@@ -438,16 +438,21 @@ class DecodeIndexerWrapper:
         Args:
             block_table: int32 ``[B, W']`` with W' <= W (the buffer itself is fine);
             seq_lens: int32 ``[B]``; query_len: Q in 1..8, fixed per wrapper once planned.
-            num_blocks: the cache's block count, to check block ids against (optional: the
-            wrapper does not see the cache until ``run()``).
+            num_blocks: the cache's block count, to check block ids against; remembered for
+            later plans (default: the one given to the constructor or learned from the
+            cache of an earlier ``run()``; none known yet: ids >= 0 only).
         Raises:
-            ValueError: shapes, ranges (SPEC 6, 10) or a changed ``query_len``.
+            ValueError: shapes, ranges (SPEC 6, 10: block ids outside the cache), a changed
+            ``query_len``, a ``score_buffer`` too small for these shapes (Triton).
             NotImplementedError: Q * H > 64 on Triton.
         Nothing is copied and the wrapper stays unplanned when it raises.
         """
         dev = self.block_table.device
         b, w = self.block_table.shape
-        v.check_query_len(query_len)
+        query_len = v.check_query_len(query_len)
+        num_blocks = v.check_int("num_blocks", num_blocks, lo=0, optional=True)
+        if num_blocks is None:
+            num_blocks = self.num_blocks
         if self.query_len is not None and query_len != self.query_len:
             v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
         v.check_tensor("block_table", block_table, dtypes=(torch.int32,), shape=(b, None),
@@ -471,19 +476,26 @@ class DecodeIndexerWrapper:
                 block_table.stride() != self.block_table.stride():
             self.block_table[:, :block_table.shape[1]].copy_(block_table)
         self.query_len = query_len
+        self.num_blocks = num_blocks
 
     def run(self, index_q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Select pages for the planned batch into ``out`` (capturable on Triton).
 
         Args:
-            index_q: ``float8_e4m3fn [B*Q, H, 128]``; cache: the paged cache (block ids of the
-            planned table must lie inside it: ``plan()`` cannot see the cache);
-            out: int32 ``[B*Q, H, 16]``.
+            index_q: ``float8_e4m3fn [B*Q, H, 128]``; cache: the paged cache, with at least
+            the ``num_blocks`` the plan checked block ids against (the first ``run()`` of a
+            wrapper that knew none teaches it this cache's count); out: int32 ``[B*Q, H, 16]``.
+        Buffers edited after ``plan()`` never make a kernel read outside the cache or the
+        block-table row (SPEC 10): seq_lens are clamped to the width W * 128 and block ids
+        into ``[0, num_blocks)`` (Triton); the reference clamps seq_lens alike and raises
+        ``ValueError`` for block ids outside the cache.
         Returns:
             ``out``.
         Raises:
             RuntimeError: ``run()`` before ``plan()``, or the reference backend under capture.
-            ValueError: shapes, dtypes, devices (metadata only, no sync).
+            ValueError: shapes, dtypes, devices (metadata only, no sync); a cache with fewer
+            blocks than the plan checked against, or with none (Triton); block ids outside
+            the cache (reference, which syncs).
         """
         if self.query_len is None:
             raise RuntimeError("DecodeIndexerWrapper.run() called before plan()")
@@ -493,6 +505,12 @@ class DecodeIndexerWrapper:
         v.check_tensor("cache", cache, device=dev)
         v.check_index_q(index_q, rows=rows, num_heads=self.num_heads, device=dev)
         v.check_out(out, rows, self.num_heads, TOPK, dev)
+        n_cache = cache.shape[0]
+        if self.num_blocks is not None and n_cache < self.num_blocks:
+            v.fail("cache", f"at least {self.num_blocks} blocks (plan() checked block ids "
+                   f"against {self.num_blocks})", f"{n_cache} blocks")
+        if self.num_blocks is None:
+            self.num_blocks = n_cache  # later plans check block ids against this cache
         if rows == 0:
             return out
         if self.block_table.shape[1] == 0:  # every request is padding (SPEC 5)
@@ -500,11 +518,38 @@ class DecodeIndexerWrapper:
             out[..., 0] = 0
             return out
         if self.backend == "triton":
+            if n_cache == 0:  # the kernels clamp block ids into [0, num_blocks): none exists
+                v.fail("cache", "at least 1 block (backend 'triton')", "0 blocks")
             self._runner.run(index_q, cache, self.block_table, self.seq_lens, out)
             return out
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("DecodeIndexerWrapper: the reference backend syncs and cannot "
                                "be captured in a CUDA graph; use backend='triton'")
-        out.copy_(ref.decode_indexer(index_q, cache, self.block_table, self.seq_lens,
+        # as the kernels: seq_lens clamped to the block-table width (buffers edited after plan)
+        seq_lens = self.seq_lens.clamp(0, self.block_table.shape[1] * PAGE_SIZE)
+        v.check_block_table_values(self.block_table, history_pages(seq_lens), n_cache,
+                                   name="block_table_buffer")
+        out.copy_(ref.decode_indexer(index_q, cache, self.block_table, seq_lens,
                                      self.query_len))
         return out
+
+
+def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int) -> None:
+    """A wrapper's ``score_buffer`` (SPEC 6, 10): a contiguous 1-d float32 tensor on
+    ``device``, 8-byte aligned, no smaller than the least any query length needs (the exact
+    size, which depends on Q, is checked at the first Triton ``plan()``)."""
+    v.check_tensor("score_buffer", buf, dtypes=(torch.float32,), ndim=1, device=device,
+                   contiguous=True)
+    if buf.data_ptr() % 8:
+        v.fail("score_buffer", "an 8-byte aligned start", f"data_ptr {buf.data_ptr():#x}")
+    if num_reqs == 0 or width == 0:
+        return  # no runner: nothing is scored
+    try:
+        from .triton.decode import MAX_ROWS, _num_sms, score_buffer_size
+    except ImportError:  # no Triton: the size only matters to the Triton backend
+        return
+    sizes = [score_buffer_size(num_reqs, width, num_heads, q, num_sms=_num_sms(device))
+             for q in range(1, 9) if q * num_heads <= MAX_ROWS]
+    if sizes and buf.numel() < min(sizes):
+        v.fail("score_buffer", f"at least {min(sizes)} float32 elements "
+               "(nvfp4_indexer.triton.decode.score_buffer_size)", f"{buf.numel()}")

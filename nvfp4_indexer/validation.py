@@ -7,8 +7,10 @@ was expected and what was given. ``check_*`` helpers on tensor metadata never sy
 
 from __future__ import annotations
 
+import numbers
 import os
 
+import numpy as np
 import torch
 
 from .constants import (HEAD_DIM, MAX_QUERY_LEN, NUM_GROUPS, PAGE_BYTES, PAGE_SIZE, TOKEN_BYTES,
@@ -20,9 +22,36 @@ BACKENDS = ("auto", "reference", "triton")
 
 
 def is_int(x) -> bool:
-    """An integer argument: Python or numpy integers, not bool."""
-    import numbers
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    """An integer argument: Python or numpy integers, never bool (SPEC 11)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def check_int(name: str, x, *, lo: int | None = None, hi: int | None = None,
+              choices=None, optional: bool = False) -> int | None:
+    """``int(x)`` for a Python or numpy integer (never bool) in ``[lo, hi]`` / in ``choices``
+    (SPEC 11); ``None`` passes through when ``optional``. One check for the API and the Triton
+    launchers, so both accept the same integers.
+
+    Raises:
+        ValueError: naming ``name``, what was expected and what was given.
+    """
+    if optional and x is None:
+        return None
+    ok = is_int(x) and (lo is None or x >= lo) and (hi is None or x <= hi) \
+        and (choices is None or int(x) in choices)
+    if not ok:
+        if choices is not None:
+            want = f"one of {tuple(choices)}"
+        elif lo is not None and hi is not None:
+            want = f"an int in {lo}..{hi}"
+        elif lo is not None:
+            want = f"an int >= {lo}"
+        elif hi is not None:
+            want = f"an int <= {hi}"
+        else:
+            want = "an int"
+        fail(name, ("None or " if optional else "") + want, repr(x))
+    return int(x)
 
 
 def fail(name: str, expected: str, got) -> None:
@@ -34,6 +63,8 @@ def check_tensor(name: str, t, *, dtypes=None, ndim=None, shape=None, device=Non
     """Type, dtype, rank, shape (None entries are free), device and contiguity of ``t``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == "meta":  # no data: nothing to read or write (SPEC 10)
+        fail(name, "a tensor with data (CPU or CUDA)", "a tensor on the meta device")
     if dtypes is not None and t.dtype not in dtypes:
         fail(name, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype)
     if shape is not None:
@@ -79,17 +110,18 @@ def check_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def check_topk(topk: int, backend: str) -> None:
-    if not is_int(topk) or topk < 2:
-        fail("topk", "an int >= 2", repr(topk))
+def check_topk(topk: int, backend: str) -> int:
+    """K >= 2, and 16 off the reference (SPEC 5); returns it as a Python int."""
+    topk = check_int("topk", topk, lo=2)
     if topk != TOPK and backend != "reference":
         raise NotImplementedError(f"topk: backend {backend!r} supports topk={TOPK}, got {topk} "
                                   "(the reference supports any topk >= 2)")
+    return topk
 
 
-def check_query_len(query_len) -> None:
-    if not is_int(query_len) or not 1 <= query_len <= MAX_QUERY_LEN:
-        fail("query_len", f"an int in 1..{MAX_QUERY_LEN}", repr(query_len))
+def check_query_len(query_len) -> int:
+    """Q in 1..8 (SPEC 6); returns it as a Python int."""
+    return check_int("query_len", query_len, lo=1, hi=MAX_QUERY_LEN)
 
 
 def check_index_q(index_q, rows=None, num_heads=None, device=None) -> None:
@@ -147,7 +179,8 @@ def check_slot_mapping_values(slot_mapping, num_blocks: int) -> None:
              f"{int(counts.max())} times")
 
 
-def check_block_table_values(block_table, pages_read, num_blocks: int | None) -> None:
+def check_block_table_values(block_table, pages_read, num_blocks: int | None,
+                             name: str = "block_table") -> None:
     """Block ids a request reads (entries below ``pages_read[r]``) inside the cache (>= 0 only
     when ``num_blocks`` is None: the caller cannot see the cache). Syncs."""
     if block_table.numel() == 0:
@@ -161,7 +194,7 @@ def check_block_table_values(block_table, pages_read, num_blocks: int | None) ->
     if lo < 0 or (num_blocks is not None and hi >= num_blocks):
         want = "block ids >= 0" if num_blocks is None else \
             f"block ids in [0, {num_blocks}) (cache blocks)"
-        fail("block_table", f"{want} for every page a request reads", f"ids in [{lo}, {hi}]")
+        fail(name, f"{want} for every page a request reads", f"ids in [{lo}, {hi}]")
 
 
 def check_block_table(block_table, seq_lens, num_blocks: int | None) -> None:
@@ -192,21 +225,41 @@ def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int |
 
 def check_prefill_values(block_table, cu_seqlens_q, seq_lens, num_rows: int,
                          num_blocks: int) -> None:
-    """SPEC 7: cu_seqlens_q from 0 to Tp, non-decreasing; 1 <= q_len <= seq_len per request;
-    block table wide enough; block ids in the cache."""
-    qsl = cu_seqlens_q.to(torch.long).cpu()
+    """SPEC 7: cu_seqlens_q from 0 to Tp, increasing (q_len >= 1); q_len <= seq_len per
+    request; block table wide enough; block ids in the cache."""
+    q_lens = check_offsets("cu_seqlens_q", cu_seqlens_q, num_rows, min_len=1)
+    check_q_lens_fit(q_lens, seq_lens, "cu_seqlens_q")
+    check_block_table(block_table, seq_lens, num_blocks)
+
+
+def check_offsets(name: str, offsets, num_rows: int, min_len: int):
+    """Row offsets ``[R+1]`` (``cu_seqlens_q`` / ``query_start_loc``): first 0, last
+    ``num_rows``, each request's length ``offsets[r+1] - offsets[r] >= min_len``. Returns the
+    lengths (int64, host). Syncs."""
+    qsl = offsets.to(torch.long).cpu()
     if int(qsl[0]) != 0 or int(qsl[-1]) != num_rows:
-        fail("cu_seqlens_q", f"first 0 and last {num_rows} (index_q rows)",
+        fail(name, f"first 0 and last {num_rows} (index_q rows)",
              f"first {int(qsl[0])}, last {int(qsl[-1])}")
     q_lens = qsl[1:] - qsl[:-1]
-    s = seq_lens.to(torch.long).cpu()
-    bad = (q_lens < 1) | (q_lens > s)
+    bad = q_lens < min_len
     if bool(bad.any()):
         r = int(bad.nonzero()[0, 0])
-        fail("seq_lens", "1 <= q_len <= seq_len for every prefill request "
-             "(q_len from cu_seqlens_q)", f"q_len={int(q_lens[r])}, seq_len={int(s[r])} "
-             f"for request {r}")
-    check_block_table(block_table, seq_lens, num_blocks)
+        want = "non-decreasing offsets" if min_len == 0 else \
+            f"increasing offsets (q_len = {name}[r+1] - {name}[r] >= {min_len} per request)"
+        fail(name, want, f"{name}[{r}]={int(qsl[r])}, {name}[{r + 1}]={int(qsl[r + 1])} "
+             f"(q_len {int(q_lens[r])} for request {r})")
+    return q_lens
+
+
+def check_q_lens_fit(q_lens, seq_lens, offsets_name: str, padding: bool = False) -> None:
+    """q_len <= seq_len and seq_len >= 0 for every request (SPEC 4, 7); with ``padding``, a
+    request of seq_len 0 may have rows (SPEC 5's padding rows). Syncs."""
+    s = seq_lens.to(torch.long).cpu()
+    bad = ((q_lens > s) & ((s != 0) if padding else True)) | (s < 0)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        fail("seq_lens", f"0 <= q_len <= seq_len for every request (q_len from {offsets_name})",
+             f"q_len={int(q_lens[r])}, seq_len={int(s[r])} for request {r}")
 
 
 def check_scales_codes(codes, scales) -> None:

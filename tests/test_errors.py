@@ -271,8 +271,17 @@ def test_page_scores_errors(s):
     e = expect(ValueError, "seq_lens", f, q, c, bt, torch.tensor([1, 200], dtype=torch.int32),
                qsl, **REF)
     assert "query_start_loc" in str(e)  # q_len comes from query_start_loc
-    expect(ValueError, "seq_lens", f, q, c, bt, sl, torch.tensor([0, 5, 4], dtype=torch.int32),
-           **REF)
+    # decreasing offsets are the offsets' fault, not seq_lens' (issue 18)
+    e = expect(ValueError, "query_start_loc", f, q, c, bt, sl,
+               torch.tensor([0, 5, 4], dtype=torch.int32), **REF)
+    assert str(e).startswith("query_start_loc:"), e
+    # q_len 3 > seq_len 2 raises; seq_len 0 with 3 rows is a padding request (SPEC 5): its rows
+    # are -inf, as the docstring says (issue 18: the docstring said it raised)
+    expect(ValueError, "seq_lens", f, q[:3], c, bt, torch.tensor([2, 200], dtype=torch.int32),
+           torch.tensor([0, 3, 3], dtype=torch.int32), **REF)
+    pad = f(q[:3], c, bt, torch.tensor([0, 200], dtype=torch.int32),
+            torch.tensor([0, 3, 3], dtype=torch.int32), **REF)
+    assert pad.shape == (3, 2, bt.shape[1]) and bool(torch.isneginf(pad).all())
     expect(ValueError, "block_table", f, q, c, bt, torch.tensor([600, 2], dtype=torch.int32),
            qsl, **REF)
     bad = bt.clone()
@@ -336,13 +345,16 @@ def test_prefill_indexer_errors(s):
            **REF)
     expect(ValueError, "cu_seqlens_q", f, **s.prefill_args(cu_seqlens_q=s.cu[:2]), **w, **REF)
     for bad in ([1, 3, 4], [0, 3, 5], [0, 3, 3]):
-        name = "cu_seqlens_q" if bad[0] or bad[-1] != 4 else "seq_lens"
-        expect(ValueError, name, f,
+        expect(ValueError, "cu_seqlens_q", f,
                **s.prefill_args(cu_seqlens_q=torch.tensor(bad, dtype=torch.int32)), **w, **REF)
-    # q_len 0 for request 1 ([0, 4, 4]), q_len > seq_len.
-    expect(ValueError, "seq_lens", f,
-           **s.prefill_args(cu_seqlens_q=torch.tensor([0, 4, 4], dtype=torch.int32)), **w,
-           **REF)
+    # a zero-length request ([0, 4, 4]) and decreasing offsets are the offsets' fault (issue
+    # 18: they were blamed on seq_lens, "got q_len=-1")
+    for bad in ([0, 4, 4], [0, 5, 4]):
+        e = expect(ValueError, "cu_seqlens_q", f,
+                   **s.prefill_args(cu_seqlens_q=torch.tensor(bad, dtype=torch.int32)), **w,
+                   **REF)
+        assert not str(e).startswith("seq_lens"), e
+    # q_len > seq_len
     expect(ValueError, "seq_lens", f,
            **s.prefill_args(seq_lens=torch.tensor([2, 200], dtype=torch.int32)), **w, **REF)
     expect(ValueError, "seq_lens", f,

@@ -755,7 +755,8 @@ from triton.compiler import ASTSource
 from nvfp4_indexer.triton import encode, quantize, dequantize, insert, query, gather
 
 GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_stride="i32",
-                    len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32")
+                    len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32", width="i32",
+                    num_blocks="i32")
 # the gather's inline-PTX dequantization (GPU default): needs PORTABLE=False
 cases = [(gather._gather_kernel, GATHER_TYPES,
           dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",

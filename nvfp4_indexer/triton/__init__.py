@@ -15,3 +15,7 @@ interpreter. ``TRITON_INTERPRET=1`` must be in the environment *before* these mo
 imported: Triton reads it when ``@triton.jit`` decorates a function (import time), choosing an
 interpreted or a compiled kernel once and for all.
 """
+
+from ._interpreter_compat import patch as _patch_interpreter
+
+_patch_interpreter()  # numpy >= 2.4 under TRITON_INTERPRET=1 (see _interpreter_compat)

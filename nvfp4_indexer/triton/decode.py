@@ -77,6 +77,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
+from ..validation import check_int, is_int
 from . import decode_wgmma
 from .numerics import device_guard, portable_default
 from .scoring import (
@@ -221,18 +222,21 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
                                                                         window)
 
 
-@triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride"],
+@triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride", "width",
+                               "num_blocks"],
             do_not_specialize_on_alignment=["q_ptr", "bt_ptr", "seq_lens_ptr", "cand_ptr",
                                             "win_ptr", "out_ptr"])
 def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
                          bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, win_ptr, out_ptr,
+                         width, num_blocks,
                          Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
                          DEQUANT: tl.constexpr = "triton", WINDOW: tl.constexpr = 64,
                          KEEP: tl.constexpr = 16, PDL: tl.constexpr = False):
     b = tl.program_id(0)
     split = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)
+    # SPEC 10: pages clamped to the block-table width, block ids into the cache
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
     n_pages = tl.maximum(seq_len - 1, 0) // PAGE  # history of the last query
     n_pages = tl.where(n_pages > 15, n_pages, 0)  # only short rows: nothing to score
     per = tl.cdiv(n_pages, NUM_SPLITS)
@@ -263,7 +267,7 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
     if WINDOW == 1:
         for j in range(start, end):
-            block = tl.load(bt_row + j).to(tl.int64)
+            block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
             score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
                                  q_odd, DOT, DEQUANT)
             top = insert_page(top, score, j, local)
@@ -273,7 +277,8 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
             w_end = tl.minimum(w0 + WINDOW, end)
             buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
             for j in range(w0, w_end):
-                block = tl.load(bt_row + j).to(tl.int64)
+                block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0),
+                                   num_blocks - 1).to(tl.int64)
                 score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
                                      q_odd, DOT, DEQUANT)
                 tl.store(buf + (j - w0) * BLOCK_M + m, score)
@@ -297,8 +302,10 @@ def _page_scores(page_ptr, q0, q1, q2, q3, q_even, q_odd, DOT: tl.constexpr,
         return nvfp4_page_scores(page_ptr, q_even, q_odd, DOT)
 
 
-@triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr", "cand_ptr", "out_ptr"])
-def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, Q: tl.constexpr, H: tl.constexpr,
+@triton.jit(do_not_specialize=["width"],
+            do_not_specialize_on_alignment=["seq_lens_ptr", "cand_ptr", "out_ptr"])
+def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: tl.constexpr,
+                         H: tl.constexpr,
                          BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
                          SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr,
                          PDL: tl.constexpr = False):
@@ -309,7 +316,7 @@ def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, Q: tl.constexpr, H: tl
     i = m // H
     h = m % H
     row_ok = m < Q * H
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)  # as the score kernel
     p = seq_len - Q + i
     local = tl.where(p >= 0, p // PAGE, 0)
     keys = load_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), row_ok, NUM_SPLITS,
@@ -370,10 +377,11 @@ class DecodeRunner:
                  num_stages: int = 2, programs_per_sm: int | None = None,
                  maxnreg: int | None = MAXNREG, pdl: bool = False,
                  wgmma_min_pages: int | None = None):
-        for name, val, lo in (("num_heads", num_heads, 1), ("num_reqs", num_reqs, 1),
-                              ("width", width, 1), ("query_len", query_len, 1)):
-            if not isinstance(val, int) or val < lo:
-                raise ValueError(f"{name}: expected an int >= {lo}, got {val!r}")
+        # Python or numpy integers, never bool (SPEC 11): one check with the API's
+        num_heads, num_reqs, width, query_len = (
+            check_int(name, val, lo=1) for name, val in (
+                ("num_heads", num_heads), ("num_reqs", num_reqs), ("width", width),
+                ("query_len", query_len)))
         if query_len * num_heads > MAX_ROWS:
             raise NotImplementedError(f"query_len * num_heads: the Triton decode kernel holds "
                                       f"at most {MAX_ROWS} rows per request, got "
@@ -402,27 +410,21 @@ class DecodeRunner:
                              f"{self.dot!r} on {self.device}")
         if programs_per_sm is None:
             programs_per_sm = WGMMA_PROGRAMS_PER_SM if dequant == "wgmma" else PROGRAMS_PER_SM
-        if num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps: expected a power of two in 1..16, got {num_warps!r}")
-        for name, val in (("num_stages", num_stages), ("programs_per_sm", programs_per_sm)):
-            if not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
-        if num_splits is not None and (not isinstance(num_splits, int)
-                                       or isinstance(num_splits, bool)
-                                       or not 1 <= num_splits <= MAX_SPLITS):
-            raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
-                             f"{num_splits!r}")
+        num_warps = check_int("num_warps", num_warps, choices=(1, 2, 4, 8, 16))
+        num_stages = check_int("num_stages", num_stages, lo=1)
+        programs_per_sm = check_int("programs_per_sm", programs_per_sm, lo=1)
+        num_splits = check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS, optional=True)
         self.num_splits = num_splits or choose_num_splits(num_reqs, width,
                                                           _num_sms(self.device),
                                                           programs_per_sm)
         if window is None:
             window = choose_window(self.num_splits, width, self.block_m)
-        if not isinstance(window, int) or window < 1 or window & (window - 1) \
+        if not is_int(window) or window < 1 or window & (window - 1) \
                 or window * block_rows(query_len, num_heads) > 4096:
             raise ValueError(f"window: expected a power of two with window * BLOCK_M <= 4096, "
                              f"got {window!r}")
-        if maxnreg is not None and (not isinstance(maxnreg, int) or not 24 <= maxnreg <= 255):
-            raise ValueError(f"maxnreg: expected None or an int in 24..255, got {maxnreg!r}")
+        window = int(window)
+        maxnreg = check_int("maxnreg", maxnreg, lo=24, hi=255, optional=True)
         self.dequant, self.window, self.maxnreg = dequant, window, maxnreg
         # the register cap is a GPU compile option (the interpreter has none)
         self._reg_cap = ({} if maxnreg is None or portable_default(self.device)
@@ -497,8 +499,10 @@ class DecodeRunner:
             [N, 128, 72]`` paged cache view (page stride = ``cache.stride(0)``).
             block_table: int32 ``[B, W]`` (unit last stride). seq_lens: int32 ``[B]``.
             out: int32 ``[B*Q, H, 16]`` contiguous.
-        Values are trusted (validated by the caller's ``plan()``); shapes are checked.
-        Returns ``out``.
+        Values are trusted (validated by the caller's ``plan()``); shapes are checked. Even
+        so the kernels clamp seq_lens to ``W * 128`` and block ids into
+        ``[0, cache.shape[0])``: edited buffers never make them read outside the block-table
+        row or the cache (SPEC 10). Returns ``out``.
         """
         b, q, h = self.num_reqs, self.query_len, self.num_heads
         if tuple(index_q.shape) != (b * q, h, HEAD_DIM) or tuple(out.shape) != (b * q, h, TOPK) \
@@ -520,13 +524,13 @@ class DecodeRunner:
             _decode_score_kernel[(b, self.num_splits)](
                 q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
                 block_table, block_table.stride(0), seq_lens, self.scratch, self.win, out,
-                Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
+                self.width, cache.shape[0], Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
                 DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
                 PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
                 **self._reg_cap)
             if self.num_splits > 1:
                 _decode_merge_kernel[(b, triton.cdiv(q * h, self.merge_rows))](
-                    self.scratch, seq_lens, out, Q=q, H=h, BLOCK_M=self.block_m,
+                    self.scratch, seq_lens, out, self.width, Q=q, H=h, BLOCK_M=self.block_m,
                     NUM_SPLITS=self.num_splits, SPLITS_PAD=self.splits_pad,
                     ROWS=self.merge_rows, KEEP=self.keep, PDL=self.pdl,
                     num_warps=self.merge_warps, **self._pdl_launch)

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.paging import history_pages
+from ..validation import check_int
 from .dequantize import dequant_code_tile
 from .numerics import device_guard, interpreting, portable_default
 from .scoring import nvfp4_dequant_ptx_bytes
@@ -43,7 +44,7 @@ MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
 
 @triton.jit
 def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
-                   ws_pages, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
+                   ws_pages, width, num_blocks, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
                    TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton",
                    PAGE_PARTS: tl.constexpr = 1, STREAM: tl.constexpr = False):
     """Program (j * PAGE_PARTS + part, r): part ``part`` (128 / PAGE_PARTS tokens) of request
@@ -60,9 +61,11 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
         num_pages = tl.maximum(length - 1, 0) // 128  # history pages (SPEC 4, 7)
     else:
         num_pages = length
+    num_pages = tl.minimum(num_pages, width)  # SPEC 10: never past the block-table row
     dst = tl.load(off_ptr + r).to(tl.int64) + j
     if (j < num_pages) & (dst >= 0) & (dst < ws_pages):
-        block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j).to(tl.int64)
+        block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j)
+        block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)  # inside the cache
         page = cache_ptr + block * page_stride
         out_page = ws_ptr + dst * (128 * 128)
         if DEQUANT == "ptx":
@@ -119,16 +122,16 @@ def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warp
                          "the interpreter / CPU / portable mode")
     if tok_block is None:
         tok_block = 128 if interpreting() else DEFAULT_TOK_BLOCK
-    elif type(tok_block) is not int or tok_block not in TOK_BLOCKS:
-        raise ValueError(f"tok_block: expected one of {TOK_BLOCKS}, got {tok_block!r}")
+    else:  # Python or numpy integers, never bool (SPEC 11)
+        tok_block = check_int("tok_block", tok_block, choices=TOK_BLOCKS)
     if num_warps is None:
         num_warps = DEFAULT_NUM_WARPS
-    elif type(num_warps) is not int or num_warps not in NUM_WARPS:
-        raise ValueError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
+    else:
+        num_warps = check_int("num_warps", num_warps, choices=NUM_WARPS)
     if page_parts is None:  # the interpreter runs whole pages (fewer, vectorized programs)
         page_parts = 1 if interpreting() else DEFAULT_PAGE_PARTS
-    elif type(page_parts) is not int or page_parts not in PAGE_PARTS:
-        raise ValueError(f"page_parts: expected one of {PAGE_PARTS}, got {page_parts!r}")
+    else:
+        page_parts = check_int("page_parts", page_parts, choices=PAGE_PARTS)
     tok_block = min(tok_block, 128 // page_parts)
     return portable, dequant, tok_block, num_warps, page_parts
 
@@ -180,7 +183,8 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
     portable, dequant, tok_block, num_warps, page_parts = resolve_tuning(
         cache.device, portable, dequant, tok_block, num_warps, page_parts)
     r = block_table.shape[0]
-    if r == 0 or max_pages <= 0 or workspace.shape[0] == 0:
+    if r == 0 or max_pages <= 0 or workspace.shape[0] == 0 or block_table.shape[1] == 0 \
+            or cache.shape[0] == 0:  # nothing readable
         return
     assert workspace.is_contiguous() and tuple(workspace.shape[1:]) == (PAGE_SIZE, HEAD_DIM)
     assert block_table.stride(-1) == 1
@@ -200,8 +204,8 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             r1 = min(r, r0 + MAX_GRID_Y)
             _gather_kernel[(max_pages * page_parts, r1 - r0)](
                 cache, cache.stride(0), block_table[r0:r1], block_table.stride(0),
-                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0],
-                FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=portable, TOK_BLOCK=tok_block,
+                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], block_table.shape[1],
+                cache.shape[0], FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=portable, TOK_BLOCK=tok_block,
                 DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=streaming,
                 num_warps=num_warps)
 

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..validation import check_int
 from .numerics import (
     device_guard,
     gemma_rstd,
@@ -221,11 +222,11 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     Inputs are validated by ``nvfp4_indexer.api.insert_index_k``. Writes exactly 72 bytes per
     written token.
     """
-    if block_t is not None and (type(block_t) is not int or block_t < 1 or block_t > 128
-                                or block_t & (block_t - 1)):
-        raise ValueError(f"block_t: expected None or a power of two in 1..128, got {block_t!r}")
-    if num_warps is not None and (type(num_warps) is not int or num_warps not in (1, 2, 4, 8)):
-        raise ValueError(f"num_warps: expected None, 1, 2, 4 or 8, got {num_warps!r}")
+    # Python or numpy integers, never bool (SPEC 11)
+    block_t = check_int("block_t", block_t, choices=(1, 2, 4, 8, 16, 32, 64, 128),
+                        optional=True)
+    num_warps = check_int("num_warps", num_warps, choices=(1, 2, 4, 8), optional=True)
+    rotary_dim = int(rotary_dim)
     t = k.shape[0]
     if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
         return

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.prefill import plan_chunks
+from ..validation import check_int
 from .decode import MAX_SPLITS, _num_sms
 from .gather import gather_into
 from .numerics import device_guard, portable_default
@@ -172,21 +173,13 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4; ``tokens_on_n`` or
         ``gather_streaming`` not None or a bool.
     """
-    if num_splits is not None and (not isinstance(num_splits, int)
-                                   or isinstance(num_splits, bool)
-                                   or not 1 <= num_splits <= MAX_SPLITS):
-        raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
-                         f"{num_splits!r}")
-    if window is not None and (type(window) is not int or window < 1
-                               or window & (window - 1) or window > 64):
-        raise ValueError(f"window: expected None or a power of two in 1..64, got {window!r}")
-    if block_m is not None and (type(block_m) is not int or block_m not in
-                                (16, 32, 64, 128, 256)):
-        raise ValueError(f"block_m: expected None or a power of two in 16..256, got {block_m!r}")
-    if type(num_warps) is not int or num_warps not in (1, 2, 4, 8):
-        raise ValueError(f"num_warps: expected 1, 2, 4 or 8, got {num_warps!r}")
-    if type(num_stages) is not int or not 1 <= num_stages <= 4:
-        raise ValueError(f"num_stages: expected an int in 1..4, got {num_stages!r}")
+    # Python or numpy integers, never bool (SPEC 11)
+    num_splits = check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS, optional=True)
+    window = check_int("window", window, choices=(1, 2, 4, 8, 16, 32, 64), optional=True)
+    block_m = check_int("block_m", block_m, choices=(16, 32, 64, 128, 256), optional=True)
+    num_warps = check_int("num_warps", num_warps, choices=(1, 2, 4, 8))
+    num_stages = check_int("num_stages", num_stages, lo=1, hi=4)
+    max_gather_pages = check_int("max_gather_pages", max_gather_pages, lo=0)
     if tokens_on_n is not None and type(tokens_on_n) is not bool:
         raise ValueError(f"tokens_on_n: expected None or a bool, got {tokens_on_n!r}")
     t, h, _ = index_q.shape

@@ -69,5 +69,5 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
                 q, q.stride(0), q.stride(1), h, n, positions.contiguous(),
                 q_norm_weight.contiguous(), cos_sin_cache, cos_sin_cache.stride(0),
                 cos_sin_cache.stride(1), float(eps), out,
-                ROT=rotary_dim, PORTABLE=portable, BLOCK_R=br)
+                ROT=int(rotary_dim), PORTABLE=portable, BLOCK_R=br)
     return out.view(torch.float8_e4m3fn)

@@ -25,7 +25,7 @@ MAX_BLOCK_M = 64  # (token, head) rows per program
 @triton.jit
 def _page_scores_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stride, bt_ptr,
                         bt_stride, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, out_ptr, width,
-                        H: tl.constexpr, BLOCK_M: tl.constexpr, PAGES: tl.constexpr,
+                        cache_blocks, H: tl.constexpr, BLOCK_M: tl.constexpr, PAGES: tl.constexpr,
                         DOT: tl.constexpr):
     blk = tl.program_id(0)
     group = tl.program_id(1)
@@ -33,13 +33,13 @@ def _page_scores_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stri
                                               tl.arange(0, BLOCK_M), H)
     n = tl.max(tl.where(row_ok, local, 0), 0)
     start = group * PAGES
-    end = tl.minimum(start + PAGES, n)
+    end = tl.minimum(tl.minimum(start + PAGES, n), width)  # SPEC 10: inside the row
     q_even, q_odd = load_q_pairs_t(q_ptr, token * q_tok_stride + h * q_head_stride, row_ok, DOT)
     r = tl.load(blk_ptr + blk)
     bt_row = bt_ptr + r.to(tl.int64) * bt_stride
     out_row = out_ptr + (token * H + h) * width
     for j in range(start, end):
-        block = tl.load(bt_row + j).to(tl.int64)
+        block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), cache_blocks - 1).to(tl.int64)
         score = nvfp4_page_scores(cache_ptr + block * page_stride, q_even, q_odd, DOT)
         tl.store(out_row + j, score, mask=row_ok & (j < local))
 
@@ -79,5 +79,5 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
         _page_scores_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), block_table,
             block_table.stride(0), query_start_loc, seq_lens, blocks, len(reqs), out, w,
-            H=h, BLOCK_M=block_m, PAGES=PAGES_PER_PROGRAM, DOT=dot, num_warps=4)
+            cache.shape[0], H=h, BLOCK_M=block_m, PAGES=PAGES_PER_PROGRAM, DOT=dot, num_warps=4)
     return out

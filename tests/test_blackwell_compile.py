@@ -1,0 +1,167 @@
+"""Offline compile for Blackwell (sm_100a, sm_103a, sm_120a), no GPU needed (issue 18).
+
+Beside the SM90 offline compiles (``test_triton_elementwise``, ``test_triton_dequant_ptx``):
+Triton compiles every launched kernel configuration below to PTX and, with its bundled ptxas, to
+a cubin for each Blackwell target, so a change that breaks Blackwell code generation fails CI.
+The configurations are the GPU defaults the launchers pick (PORTABLE=False, dot "fp16", the
+inline-PTX dequantization of decode and gather), over the shapes of WORKLOADS.md's suites.
+
+CI compiles a representative subset (the decode / prefill / page-score MMA kernels and the
+inline-PTX gather: what differs most between SM90, SM100 and SM120) on all three targets: 12
+compiles, ~30 s on 2 shared cores. The full list (21 configurations x 3 targets, ~2 min) runs
+only when slow tests are asked for by marker: ``pytest -m slow tests/test_blackwell_compile.py``
+(``make test`` selects no marker, so it skips it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARCHS = (100, 103, 120)  # sm_100a (B200), sm_103a (B300), sm_120a (RTX 50 / RTX PRO)
+
+_SCRIPT = r'''
+import os, sys, time
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from benchmarks.sass_stats import DECODE_TYPES, GATHER_TYPES, INSERT_TYPES, PREFILL_TYPES
+from nvfp4_indexer.triton import (decode, dequantize, encode, gather, insert, prefill, query,
+                                  quantize, scores)
+
+MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
+PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", blk_ptr="*i32",
+                    num_blocks="i32", out_ptr="*i32")
+SCORES_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", cache_ptr="*u8",
+                    page_stride="i32", bt_ptr="*i32", bt_stride="i32", qsl_ptr="*i32",
+                    seq_lens_ptr="*i32", blk_ptr="*i32", num_blocks="i32", out_ptr="*fp32",
+                    width="i32", cache_blocks="i32")
+QUANT_TYPES = dict(x_ptr="*fp32", x_row_stride="i32", n_rows="i32", codes_ptr="*u8",
+                   scales_ptr="*u8", slot_ptr="*i64", page_stride="i32")
+QUERY_TYPES = dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32", num_heads="i32",
+                   n_rows="i32", pos_ptr="*i64", w_ptr="*bf16", cs_ptr="*fp32",
+                   cs_stride0="i32", cs_stride1="i32", eps="fp32", out_ptr="*u8")
+
+
+def dec(q, h, ns, window, keep):
+    return (decode._decode_score_kernel, DECODE_TYPES,
+            dict(Q=q, H=h, BLOCK_M=decode.block_rows(q, h), NUM_SPLITS=ns, DOT="fp16",
+                 DEQUANT="ptx", WINDOW=window, KEEP=keep, PDL=False),
+            dict(num_warps=4, num_stages=2, maxnreg=decode.MAXNREG))
+
+
+def dmerge(q, h, ns, keep):
+    rows, warps = decode.merge_config(ns, keep)
+    return (decode._decode_merge_kernel, MERGE_TYPES,
+            dict(Q=q, H=h, BLOCK_M=decode.block_rows(q, h), NUM_SPLITS=ns,
+                 SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows, KEEP=keep, PDL=False),
+            dict(num_warps=warps))
+
+
+def pre(block_m, ns, window, keep):
+    return (prefill._prefill_score_kernel, PREFILL_TYPES,
+            dict(H=4, BLOCK_M=block_m, NUM_SPLITS=ns, DOT="fp16", WINDOW=window, KEEP=keep,
+                 TOKENS_N=True), dict(num_warps=4, num_stages=2))
+
+
+SUBSET = [
+    ("decode score Q8 H4 split 4 window 64", *dec(8, 4, 4, 64, 16)),
+    ("prefill score BLOCK_M 128 tokens on N", *pre(128, 2, 32, 16)),
+    ("page scores BLOCK_M 64", scores._page_scores_kernel, SCORES_TYPES,
+     dict(H=4, BLOCK_M=64, PAGES=scores.PAGES_PER_PROGRAM, DOT="fp16"), dict(num_warps=4)),
+    ("gather ptx", gather._gather_kernel, GATHER_TYPES,
+     dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
+          PAGE_PARTS=gather.DEFAULT_PAGE_PARTS, STREAM=True), dict(num_warps=1)),
+]
+REST = [
+    ("decode score Q1 H1 unsplit", *dec(1, 1, 1, 1, 16)),
+    ("decode score Q1 H1 split 31 window 1", *dec(1, 1, 31, 1, 1)),
+    ("decode score Q8 H8 split 8 window 64", *dec(8, 8, 8, 64, 16)),
+    ("decode score Q4 H4 split 64 window 32", *dec(4, 4, 64, 32, 16)),
+    ("decode merge split 4", *dmerge(8, 4, 4, 16)),
+    ("decode merge split 128 keep 4", *dmerge(1, 1, 128, 4)),
+    ("prefill score BLOCK_M 16 unsplit", *pre(16, 1, 1, 16)),
+    ("prefill merge", prefill._prefill_merge_kernel, PMERGE_TYPES,
+     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, SPLITS_PAD=2, ROWS=1, KEEP=16), dict(num_warps=1)),
+    ("encode", encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
+     dict(PORTABLE=False, BLOCK=1024), {}),
+    ("quantize paged", quantize._quantize_nvfp4_kernel, QUANT_TYPES,
+     dict(PAGED=True, PORTABLE=False, BLOCK_T=8), {}),
+    ("quantize", quantize._quantize_nvfp4_kernel, QUANT_TYPES,
+     dict(PAGED=False, PORTABLE=False, BLOCK_T=8), {}),
+    ("dequantize e4m3", dequantize._dequantize_nvfp4_kernel,
+     dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*u8", n_rows="i32"),
+     dict(PORTABLE=False, OUT_F32=False, BLOCK_T=16), {}),
+    ("dequantize f32", dequantize._dequantize_nvfp4_kernel,
+     dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*fp32", n_rows="i32"),
+     dict(PORTABLE=False, OUT_F32=True, BLOCK_T=16), {}),
+    ("insert rot 64", insert._insert_index_k_kernel, INSERT_TYPES,
+     dict(ROT=64, PORTABLE=False, BLOCK_T=4), dict(num_warps=1)),
+    ("insert rot 96", insert._insert_index_k_kernel, INSERT_TYPES,
+     dict(ROT=96, PORTABLE=False, BLOCK_T=4), dict(num_warps=1)),
+    ("query rot 64", query._prepare_index_q_kernel, QUERY_TYPES,
+     dict(ROT=64, PORTABLE=False, BLOCK_R=4), {}),
+    ("gather triton", gather._gather_kernel, GATHER_TYPES,
+     dict(FROM_SEQ_LENS=True, PORTABLE=False, TOK_BLOCK=16, DEQUANT="triton", PAGE_PARTS=8,
+          STREAM=False), dict(num_warps=1)),
+]
+
+which, archs = sys.argv[1], [int(a) for a in sys.argv[2].split(",")]
+cases = SUBSET if which == "subset" else SUBSET + REST
+t0 = time.time()
+for cap in archs:
+    for name, fn, types, consts, opts in cases:
+        sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
+        k = triton.compile(ASTSource(fn, sig, constexprs=consts),
+                           target=GPUTarget("cuda", cap, 32), options=opts)
+        ptx, cubin = k.asm["ptx"], k.asm["cubin"]
+        assert f".target sm_{cap}a" in ptx, (cap, name)
+        assert len(cubin) > 1000, (cap, name)
+        for bad in ("div.full", "div.approx", "rsqrt.approx", "sqrt.approx"):
+            assert bad not in ptx, f"sm_{cap}a {name}: {bad} in PTX"
+        if consts.get("DEQUANT") == "ptx":  # the inline-PTX dequantization survived
+            assert "cvt.rn.satfinite.e4m3x2.f16x2" in ptx, f"sm_{cap}a {name}"
+        print("compiled", f"sm_{cap}a", name, flush=True)
+print(f"total {len(cases) * len(archs)} in {time.time() - t0:.0f} s")
+'''
+
+
+def _run(which: str) -> str:
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton's NVIDIA backend is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, which, ",".join(map(str, ARCHS))],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                          check=False)
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("Triton's bundled ptxas is unavailable")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_mma_kernels_compile_offline_for_blackwell():
+    """The decode / prefill / page-score kernels and the inline-PTX gather compile to PTX and
+    cubin for sm_100a, sm_103a and sm_120a (no approximate division; the gather's and decode's
+    f16x2 -> e4m3x2 conversions present)."""
+    out = _run("subset")
+    assert out.count("compiled ") == 4 * len(ARCHS), out
+
+
+@pytest.mark.slow
+def test_all_launched_configurations_compile_offline_for_blackwell(request):
+    """Every configuration of the list (decode score / merge over split and window sizes,
+    prefill score / merge, page scores, encode, quantize, dequantize, insert, query, gather)
+    for the three Blackwell targets. Runs only under ``-m slow`` (about 2 minutes)."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the full Blackwell compile list runs with -m slow (CI runs the subset)")
+    out = _run("all")
+    assert out.count("compiled ") == 21 * len(ARCHS), out

@@ -1,0 +1,242 @@
+"""Issue 18 (hardening): block ids and page counts the kernels may never read past (SPEC 10),
+the wrapper's cache bound check by default, its score buffer checked at construction, numpy
+integers on every backend (SPEC 11), offsets errors naming the offsets, meta tensors.
+
+Triton runs on CUDA tensors, or on CPU tensors under the interpreter (conftest); sizes are
+small: W = 20 pages gives 19 history pages, so the kernels score pages (> 15).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import nvfp4_indexer as ni
+from nvfp4_indexer.triton import decode as TD
+from nvfp4_indexer.triton import gather as TG
+from nvfp4_indexer.triton import scores as TS
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BACKENDS = ["reference", "triton"]
+W = 20  # block-table width (pages)
+NB = 48  # cache blocks the caller sees
+POISON = 0x5A
+
+
+def _parent_cache(seed=0):
+    """A 64-block cache of random keys whose first ``NB`` blocks are the caller's cache; the
+    16 blocks past it hold keys that outscore every real page (a kernel reading them would
+    rank them first)."""
+    g = torch.Generator().manual_seed(seed)
+    parent = ni.new_index_cache(64, device=DEV)
+    k = torch.randn(64 * 128, 128, generator=g)
+    k[NB * 128:] = 40.0  # every dim large and positive: huge q . k for the query below
+    ni.write_index_k(parent, k.to(DEV), torch.arange(64 * 128, device=DEV), backend="reference")
+    return parent, parent[:NB]
+
+
+def _batch(seed=0, q_len=1, h=2):
+    g = torch.Generator().manual_seed(seed)
+    bt = torch.randperm(NB, generator=g)[:W].to(torch.int32)[None].to(DEV)
+    seq = torch.tensor([W * 128], dtype=torch.int32, device=DEV)
+    q = (torch.rand(q_len, h, 128, generator=g) + 0.5).to(torch.float8_e4m3fn).to(DEV)
+    return bt, seq, q
+
+
+def _wrapper(bt, seq, h, backend, **kw):
+    return ni.DecodeIndexerWrapper(h, block_table_buffer=bt.clone(), seq_lens_buffer=seq.clone(),
+                                   backend=backend, use_cuda_graph=False, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plan_checks_block_ids_against_the_cache_by_default(backend):
+    """Block id 60 in a 48-block cache: plan() raises once the wrapper knows the cache's
+    block count, from the constructor or from an earlier run() (before: unchecked)."""
+    parent, cache = _parent_cache()
+    bt, seq, q = _batch()
+    bad = bt.clone()
+    bad[0, 3] = 60
+    w = _wrapper(bt, seq, 2, backend, num_blocks=NB)
+    with pytest.raises(ValueError, match=r"block_table: expected block ids in \[0, 48\)"):
+        w.plan(bad, seq, 1)
+    assert torch.equal(w.block_table, bt) and w.query_len is None  # nothing copied
+    w2 = _wrapper(bt, seq, 2, backend)  # learns the count from the cache of its first run
+    w2.plan(bt, seq, 1)
+    out = torch.full((1, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    w2.run(q, cache, out)
+    assert torch.equal(out, ni.decode_indexer(q, cache, bt, seq, 1, backend="reference"))
+    with pytest.raises(ValueError, match="block_table"):
+        w2.plan(bad, seq, 1)
+    with pytest.raises(ValueError, match="cache: expected at least 48 blocks"):
+        w2.run(q, cache[:40], out)  # smaller than what plan() checked against
+    for nb in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="num_blocks"):
+            _wrapper(bt, seq, 2, backend, num_blocks=nb)
+
+
+def test_triton_run_never_reads_block_ids_outside_the_cache():
+    """Block ids edited after plan() to 60 (past the 48-block cache) and -5: the kernel reads
+    blocks clamped into the cache (47, 0), never the outscoring blocks behind the view."""
+    parent, cache = _parent_cache()
+    bt, seq, q = _batch()
+    w = _wrapper(bt, seq, 2, "triton")
+    w.plan(bt, seq, 1, num_blocks=NB)
+    w.block_table[0, 3] = 60
+    w.block_table[0, 5] = -5
+    out = torch.full((1, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    w.run(q, cache, out)
+    clamped = bt.clone()
+    clamped[0, 3], clamped[0, 5] = NB - 1, 0
+    want = ni.decode_indexer(q, cache, clamped, seq, 1, backend="reference")
+    assert torch.equal(out, want)
+    # the read past the cache would have ranked page 3 first
+    reads_past = ni.decode_indexer(q, parent, torch.where(clamped == NB - 1, 60, clamped)
+                                   .to(torch.int32), seq, 1, backend="reference")
+    assert int(reads_past[0, 0, 0]) == 3 and not torch.equal(out, reads_past)
+
+
+def test_reference_run_with_edited_block_ids_raises_a_clear_error():
+    """The reference run() syncs anyway: block ids outside the cache give a ValueError naming
+    the buffer (before: a bare IndexError)."""
+    _, cache = _parent_cache()
+    bt, seq, q = _batch()
+    w = _wrapper(bt, seq, 2, "reference")
+    w.plan(bt, seq, 1)
+    w.block_table[0, 3] = 60
+    out = torch.full((1, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"block_table_buffer: expected block ids in \[0, 48\)"):
+        w.run(q, cache, out)
+    assert bool((out == POISON).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_seq_lens_edited_past_the_table_width_give_in_range_pages(backend, q_len):
+    """seq_lens edited after plan() to 5000 > W * 128 = 2560: the run reads only the block-table
+    row (seq_len clamped to the width): pages as for seq_len 2560, no -1 among the 15 history
+    slots, no page id >= W (before: Triton wrote -1 and ids >= W, the reference page 39)."""
+    _, cache = _parent_cache(1)
+    bt, seq, q = _batch(1, q_len=q_len)
+    w = _wrapper(bt, seq, 2, backend)
+    w.plan(bt, torch.full_like(seq, 1000), q_len)
+    w.seq_lens.fill_(5000)
+    out = torch.full((q_len, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    w.run(q, cache, out)
+    assert int(out.min()) >= 0 and int(out.max()) < W
+    assert bool((out[..., 15] == W - 1).all())
+    assert torch.equal(out, ni.decode_indexer(q, cache, bt, seq, q_len, backend="reference"))
+
+
+def test_gather_kernel_clamps_pages_to_the_width_and_blocks_to_the_cache():
+    """``gather_into`` given seq_lens past the table width and a block id past the cache:
+    only the row's W pages are written, each from a block inside the cache."""
+    parent, cache = _parent_cache(2)
+    bt = torch.tensor([[5, 60, 7], [9, 10, 11]], dtype=torch.int32, device=DEV)
+    seq = torch.tensor([5000, 300], dtype=torch.int32, device=DEV)  # 39 and 2 pages
+    ws = torch.full((10, 128, 128), POISON, dtype=torch.uint8, device=DEV)
+    offsets = torch.tensor([0, 5], dtype=torch.int32, device=DEV)
+    TG.gather_into(cache, bt, seq, offsets, ws.view(torch.float8_e4m3fn), max_pages=39)
+    ok_bt = torch.tensor([[5, NB - 1, 7, 0], [9, 10, 11, 0]], dtype=torch.int32, device=DEV)
+    want, _ = ni.gather_index_k_fp8(cache, ok_bt, torch.tensor([385, 257], dtype=torch.int32,
+                                                               device=DEV), backend="reference")
+    assert torch.equal(ws[:3], want[:3].view(torch.uint8))  # request 0: W = 3 pages, clamped
+    assert bool((ws[3:5] == POISON).all())  # nothing past the row's width
+    assert torch.equal(ws[5:7], want[3:5].view(torch.uint8))
+    assert bool((ws[7:] == POISON).all())
+
+
+def test_page_scores_kernel_stays_inside_the_row_and_the_cache():
+    """The page-scores launcher with request 0's seq_len past its table width and a block id
+    past the cache: request 1's rows keep -inf past their history (before: request 0's rows
+    spilled into them) and every score comes from a block inside the cache."""
+    parent, cache = _parent_cache(3)
+    g = torch.Generator().manual_seed(3)
+    bt = torch.randperm(NB, generator=g)[:8].view(2, 4).to(torch.int32).to(DEV)
+    bt[0, 1] = 60
+    q = (torch.rand(2, 2, 128, generator=g) + 0.5).to(torch.float8_e4m3fn).to(DEV)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+    got = TS.page_scores(q, cache, bt, torch.tensor([5000, 300], dtype=torch.int32,
+                                                    device=DEV), qsl)
+    ok_bt = bt.clone()
+    ok_bt[0, 1] = NB - 1
+    ref = ni.page_scores(q, cache, ok_bt, torch.tensor([512, 300], dtype=torch.int32,
+                                                       device=DEV), qsl, backend="reference")
+    assert torch.equal(got[1], ref[1])  # request 1: pages 0, 1, then -inf
+    assert torch.isfinite(got[0]).all()  # request 0: its W = 4 pages, block 60 read as 47
+    assert torch.allclose(got[0, :, :3], ref[0, :, :3], rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_score_buffer_checked_at_construction(backend):
+    """A bad ``score_buffer`` is refused by the constructor on both backends (before: ignored
+    by the reference, checked at the first plan() by Triton)."""
+    bt = torch.zeros(1, 64, dtype=torch.int32, device=DEV)
+    seq = torch.zeros(1, dtype=torch.int32, device=DEV)
+    need = min(TD.score_buffer_size(1, 64, 2, q, num_sms=TD._num_sms(torch.device(DEV)))
+               for q in range(1, 9))
+    assert need > 10
+    for bad in ("junk", torch.zeros(need, dtype=torch.float16, device=DEV),
+                torch.empty(10, device=DEV), torch.zeros(2, need, device=DEV),
+                torch.zeros(2 * need, device=DEV)[::2], torch.zeros(need + 1, device=DEV)[1:]):
+        with pytest.raises((ValueError, TypeError), match="score_buffer"):
+            _wrapper(bt, seq, 2, backend, score_buffer=bad)
+    enough = max(TD.score_buffer_size(1, 64, 2, q, num_sms=TD._num_sms(torch.device(DEV)))
+                 for q in range(1, 9))
+    w = _wrapper(bt, seq, 2, backend, score_buffer=torch.zeros(enough, device=DEV))
+    w.plan(bt, seq, 1)
+
+
+def test_numpy_integers_accepted_bools_refused_on_triton():
+    """SPEC 11: numpy integers wherever ints are taken, on every backend (before: the Triton
+    launchers refused them or died in the interpreter); bools never."""
+    _, cache = _parent_cache(4)
+    bt, seq, q = _batch(4, q_len=2)
+    want = ni.decode_indexer(q, cache, bt, seq, 2, backend="reference")
+    assert torch.equal(ni.decode_indexer(q, cache, bt, seq, np.int64(2), backend="triton"),
+                       want)
+    w = _wrapper(bt, seq, np.int64(2), "triton", num_blocks=np.int32(NB))
+    w.plan(bt, seq, np.int32(2))
+    out = torch.full((2, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    assert torch.equal(w.run(q, cache, out), want)
+    assert torch.equal(TD.DecodeRunner(np.int64(2), np.int64(1), np.int64(W), np.int64(2),
+                                       DEV, num_splits=np.int64(4), warmup=False)
+                       .run(q, cache, bt, seq, out.fill_(POISON)), want)
+    x = torch.randn(3, 2, 128)
+    pos = torch.arange(3)
+    cs = torch.randn(8, 64)
+    wq = torch.zeros(128)
+    ref_q = ni.prepare_index_q(x.to(DEV), pos.to(DEV), wq.to(DEV), cs.to(DEV), backend="triton")
+    got = ni.prepare_index_q(x.to(DEV), pos.to(DEV), wq.to(DEV), cs.to(DEV),
+                             rotary_dim=np.int64(64), eps=np.float32(1e-6), backend="triton")
+    assert torch.equal(got.view(torch.uint8), ref_q.view(torch.uint8))
+    c1 = ni.new_index_cache(np.int64(2), device=DEV)
+    c2 = ni.new_index_cache(2, device=DEV)
+    ni.insert_index_k(c1, x[:, 0].to(DEV), pos.to(DEV), pos.to(DEV), wq.to(DEV), cs.to(DEV),
+                      rotary_dim=np.int64(64), backend="triton")
+    ni.insert_index_k(c2, x[:, 0].to(DEV), pos.to(DEV), pos.to(DEV), wq.to(DEV), cs.to(DEV),
+                      backend="triton")
+    assert torch.equal(c1, c2)
+    assert ni.max_gather_pages(np.int64(4096), np.int32(8)) == 32
+    for bad in (True, np.bool_(True)):
+        with pytest.raises(ValueError, match="query_len"):
+            ni.decode_indexer(q, cache, bt, seq, bad, backend="triton")
+        with pytest.raises(ValueError, match="num_heads"):
+            _wrapper(bt, seq, bad, "triton")
+        with pytest.raises(ValueError, match="rotary_dim"):
+            ni.prepare_index_q(x, pos, wq, cs, rotary_dim=bad)
+        with pytest.raises(ValueError, match="num_heads"):
+            TD.DecodeRunner(bad, 1, W, 1, DEV, warmup=False)
+
+
+def test_meta_tensors_are_refused_naming_the_argument():
+    """Meta tensors have no data: refused with the argument's name (before: write_index_k
+    died inside torch.nonzero)."""
+    cache = ni.new_index_cache(2)
+    meta_cache = torch.empty_like(cache, device="meta")
+    k = torch.randn(3, 128)
+    slots = torch.arange(3)
+    with pytest.raises(ValueError, match="cache: expected a tensor with data"):
+        ni.write_index_k(meta_cache, k.to("meta"), slots.to("meta"))
+    with pytest.raises(ValueError, match="k: expected a tensor with data"):
+        ni.write_index_k(cache, k.to("meta"), slots)
+    with pytest.raises(ValueError, match="x: expected a tensor with data"):
+        ni.encode_e4m3(torch.empty(4, device="meta"))
