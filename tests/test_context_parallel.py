@@ -36,6 +36,10 @@ COLLECTIVE_TIMEOUT_S = 60
 SPAWN_TIMEOUT_S = 240
 POISON = -7
 
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # numpy NaN (interpreter)
+              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning")]  # all_gather_into_tensor
+
 
 # ------------------------------------------------------------------------------ test cases
 
@@ -146,8 +150,8 @@ def bad_use(rank, world, group, device):
 
 
 def decode_steps(rank, world, group, device, *, backend, exchange, heads, q_len, lazy,
-                 runner_options=None, seed=3):
-    """Two decode steps through one wrapper (the second after in-place metadata changes)."""
+                 runner_options=None, seed=3, num_steps=2):
+    """Decode steps through one wrapper (the second after in-place metadata changes)."""
     steps = [make_case(seed, world, heads, q_len, LENS_A, tie_req=3, nan_pages=NAN_PAGES),
              make_case(seed + 1, world, heads, q_len, LENS_B, tie_req=3, nan_pages=NAN_PAGES)]
     b = len(LENS_A)
@@ -158,7 +162,7 @@ def decode_steps(rank, world, group, device, *, backend, exchange, heads, q_len,
                                      seq_lens_buffer=sl_buf, backend=backend,
                                      exchange=exchange, query_len=None if lazy else q_len,
                                      runner_options=runner_options)
-    for cache, bt, sl, q_all in steps:
+    for cache, bt, sl, q_all in steps[:num_steps]:
         cache, bt, sl, q_all = (x.to(device) for x in (cache, bt, sl, q_all))
         if lazy:  # metadata given as separate tensors: copied into the buffers
             w.plan(bt, sl, q_len, num_blocks=cache.shape[0])
@@ -179,6 +183,11 @@ def decode_steps(rank, world, group, device, *, backend, exchange, heads, q_len,
 
 
 def _worker(rank, world, store_path, scenarios, device_kind):
+    """One process: ``scenarios`` are (name, group, kwargs) run in order; group "world" is
+    every process, "pair" the processes {2k, 2k+1} (only ranks 0 and 1 run those; the others
+    wait at the next "world" scenario: subgroups of a larger job, as tensor parallelism
+    inside a bigger world makes them)."""
+    import time
     try:
         if device_kind == "cuda":
             torch.cuda.set_device(rank)
@@ -188,15 +197,24 @@ def _worker(rank, world, store_path, scenarios, device_kind):
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                                 world_size=world,
                                 timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        group = dist.group.WORLD
+        pairs = [dist.new_group([k, k + 1]) for k in range(0, world - 1, 2)]
         device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
-        for name, kw in scenarios:
-            if name == "bad_use":
-                bad_use(rank, world, group, device)
-            elif name == "graph":
-                graph_steps(rank, world, group, device, **kw)
+        for name, which, kw in scenarios:
+            if which == "pair":
+                if rank > 1:
+                    continue
+                group, size, grank = pairs[0], 2, rank
             else:
-                decode_steps(rank, world, group, device, **kw)
+                group, size, grank = dist.group.WORLD, world, rank
+            t0 = time.time()
+            if name == "bad_use":
+                bad_use(grank, size, group, device)
+            elif name == "graph":
+                graph_steps(grank, size, group, device, **kw)
+            else:
+                decode_steps(grank, size, group, device, **kw)
+            if os.environ.get("CP_TIMING"):
+                print(f"rank {rank}: {name} on {size} {time.time() - t0:.1f}s", flush=True)
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
@@ -224,26 +242,20 @@ REF_STEPS = dict(backend="reference", heads=2, q_len=2)
 TRITON_STEPS = dict(backend="triton", heads=1, q_len=2)
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_two_ranks_gloo(tmp_path):
-    spawn(2, tmp_path, [
-        ("bad_use", {}),
-        ("steps", dict(REF_STEPS, exchange="all_gather", lazy=False)),
-        ("steps", dict(REF_STEPS, exchange="all_to_all", lazy=True)),
-        ("steps", dict(TRITON_STEPS, exchange="all_gather", lazy=False,
-                       runner_options={"num_splits": 1})),
-        ("steps", dict(TRITON_STEPS, exchange="all_to_all", lazy=True,
-                       runner_options={"num_splits": 2, "window": 2})),
-    ])
-
-
-@pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_four_ranks_gloo(tmp_path):
+def test_gloo_groups_of_2_and_4(tmp_path):
+    """4 CPU processes (gloo): groups of 2 (a subgroup) and of all 4; bad use first, then
+    decode steps on the reference and on the Triton interpreter, both exchanges."""
     spawn(4, tmp_path, [
-        ("bad_use", {}),
-        ("steps", dict(REF_STEPS, exchange="all_gather", lazy=True)),
-        ("steps", dict(TRITON_STEPS, q_len=1, exchange="all_to_all", lazy=False,
-                       runner_options={"num_splits": 1})),
+        ("bad_use", "pair", {}),
+        ("steps", "pair", dict(REF_STEPS, exchange="all_gather", lazy=False)),
+        ("steps", "pair", dict(REF_STEPS, exchange="all_to_all", lazy=True)),
+        ("steps", "pair", dict(TRITON_STEPS, exchange="all_gather", lazy=True, num_steps=1,
+                               runner_options={"num_splits": 2})),
+        ("bad_use", "world", {}),
+        ("steps", "world", dict(REF_STEPS, heads=1, exchange="all_gather", lazy=True,
+                                num_steps=1)),
+        ("steps", "world", dict(TRITON_STEPS, q_len=1, exchange="all_to_all", lazy=False,
+                                num_steps=1, runner_options={"num_splits": 1})),
     ])
 
 
@@ -302,6 +314,47 @@ def test_reference_split_equals_single_device():
         cand = torch.cat([rc.subset_candidates(q, cache, bt, sl, 2, r, world)
                           for r in range(world)], dim=-1)
         assert torch.equal(rc.merge_candidates(cand, sl, 2), want), world
+
+
+@pytest.mark.parametrize("world,options", [(2, {"num_splits": 3, "rows_per_program": 1,
+                                                 "window": 2}),
+                                           (3, {"num_splits": 2})])
+def test_triton_ranks_in_process(world, options):
+    """The Triton runner of every rank in one process, the exchange done by hand: more
+    split candidates than 16 per row (the reduce kernel's selection rounds), one row per
+    program and the windowed page loop; SPEC 9 against the exact scores, ties by smaller id."""
+    from nvfp4_indexer.triton.context_parallel import ContextParallelRunner
+    lens, q_len, heads = [0, 4500, 129, 2180], 1, 1
+    cache, bt, sl, q = make_case(5, world, heads, q_len, lens, tie_req=3)
+    dev = "cuda" if HAS_CUDA else "cpu"
+    cache, bt, sl, q = (x.to(dev) for x in (cache, bt, sl, q))
+    runners = [ContextParallelRunner(heads, world, r, len(lens), bt.shape[1], q_len, dev,
+                                     **options) for r in range(world)]
+    if world == 2:
+        assert runners[0].num_splits * runners[0].keep > 16
+    sends = []
+    for r, run in enumerate(runners):
+        sends.append(torch.full(run.send_shape(), 12345, dtype=torch.int64, device=dev))
+        run.score(q, cache, bt, sl, sends[-1])
+    for r, run in enumerate(runners):
+        own_cand = torch.stack([s[r] for s in sends])  # what all_to_all delivers to rank r
+        out = torch.full((len(lens) * q_len, heads, 16), POISON, dtype=torch.int32, device=dev)
+        run.merge(own_cand, own_cand.stride(0), sl, out)
+        own = q[:, r * heads:(r + 1) * heads].contiguous()
+        check_triton(out, own, cache, bt, sl, q_len, run.error_bits)
+        assert (out[3, :, :15] == torch.arange(15, device=dev)).all()  # every score tied
+
+
+def test_runner_errors():
+    from nvfp4_indexer.triton.context_parallel import ContextParallelRunner
+    with pytest.raises(NotImplementedError, match="group size"):
+        ContextParallelRunner(8, 4, 0, 2, 40, 4, "cpu", warmup=False)
+    with pytest.raises(ValueError, match="rank"):
+        ContextParallelRunner(1, 2, 2, 2, 40, 1, "cpu", warmup=False)
+    with pytest.raises(ValueError, match="rows_per_program"):
+        ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", rows_per_program=3, warmup=False)
+    with pytest.raises(ValueError, match="num_splits"):
+        ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", num_splits=0, warmup=False)
 
 
 def test_exchange_bytes_match_buffers():
@@ -404,5 +457,6 @@ def test_gpu_single_rank_nccl_cuda_graph(tmp_path, exchange):
 def test_gpu_multi_rank_nccl_cuda_graph(tmp_path, exchange):
     """2 (or 4 when present) GPUs, NCCL: captured decode steps on every rank (SPEC 9)."""
     world = 4 if torch.cuda.device_count() >= 4 else 2
-    spawn(world, tmp_path, [("bad_use", {}), ("graph", dict(exchange=exchange))],
-          device_kind="cuda")
+    spawn(world, tmp_path, [("bad_use", "world", {}),
+                            ("graph", "pair", dict(exchange=exchange)),
+                            ("graph", "world", dict(exchange=exchange))], device_kind="cuda")

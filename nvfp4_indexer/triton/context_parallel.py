@@ -77,7 +77,8 @@ def _cp_reduce_kernel(cand_ptr, seq_lens_ptr, send_ptr, num_rows, Q: tl.constexp
                       NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
                       KEEP: tl.constexpr):
     """Each row's 16 largest split candidates -> send buffer ``[WORLD, num_rows, H_R, 16]``
-    (EMPTY where fewer; rows of all-short programs get EMPTY only)."""
+    (EMPTY where fewer). With more than 16 per row, rows of all-short programs send EMPTY
+    only (their output is a formula)."""
     H: tl.constexpr = WORLD * H_R
     b = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
@@ -87,15 +88,19 @@ def _cp_reduce_kernel(cand_ptr, seq_lens_ptr, send_ptr, num_rows, Q: tl.constexp
     seq_len = tl.load(seq_lens_ptr + b)
     p = seq_len - Q + i
     local = tl.where(p >= 0, p // PAGE, 0)
-    keys = load_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), row_ok, NUM_SPLITS,
-                           SPLITS_PAD, KEEP)
     slot = tl.arange(0, 16)[None, :]
-    res = tl.full([ROWS, 16], EMPTY, tl.int64)
-    if tl.max(tl.where(row_ok, local, 0), 0) > 15:
-        for k in tl.static_range(16):
-            best = tl.max(keys, 1)
-            res = tl.where(slot == k, best[:, None], res)
-            keys = tl.where(keys == best[:, None], EMPTY, keys)
+    src = (b * BLOCK_M + m).to(tl.int64)
+    if NUM_SPLITS * KEEP <= 16:  # every candidate fits: copy (EMPTY-padded)
+        res = tl.load(cand_ptr + src[:, None] * (NUM_SPLITS * KEEP) + slot,
+                      mask=row_ok[:, None] & (slot < NUM_SPLITS * KEEP), other=EMPTY)
+    else:  # 16 rounds of max-and-remove, skipped when every row is short
+        keys = load_candidates(cand_ptr, src, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
+        res = tl.full([ROWS, 16], EMPTY, tl.int64)
+        if tl.max(tl.where(row_ok, local, 0), 0) > 15:
+            for k in tl.static_range(16):
+                best = tl.max(keys, 1)
+                res = tl.where(slot == k, best[:, None], res)
+                keys = tl.where(keys == best[:, None], EMPTY, keys)
     owner = h // H_R
     dst = ((owner * num_rows + b * Q + i).to(tl.int64) * H_R + h % H_R) * 16
     tl.store(send_ptr + dst[:, None] + slot, res, mask=row_ok[:, None])
@@ -134,6 +139,9 @@ class ContextParallelRunner:
         device: the CUDA device (or CPU under the interpreter).
         dot / dequant / num_splits / window / num_warps / num_stages / maxnreg /
         programs_per_sm: as ``decode.DecodeRunner`` (the score kernel is the same).
+        rows_per_program: query rows per program of the reduce and merge kernels (a power of
+            two; default ``topk.merge_config``'s one row on a GPU, and under the interpreter
+            all of a request's rows: fewer interpreted programs).
         warmup: compile the kernels now (default on CUDA), so capture never compiles.
     Raises:
         ValueError: bad sizes or knobs. NotImplementedError: Q * W * H_r > 64 (the score
@@ -145,7 +153,7 @@ class ContextParallelRunner:
                  dequant: str | None = None, num_splits: int | None = None,
                  window: int | None = None, num_warps: int = 4, num_stages: int = 2,
                  maxnreg: int | None = MAXNREG, programs_per_sm: int = PROGRAMS_PER_SM,
-                 warmup: bool | None = None):
+                 rows_per_program: int | None = None, warmup: bool | None = None):
         for name, val, lo in (("num_heads", num_heads, 1), ("world", world, 1),
                               ("num_reqs", num_reqs, 1), ("width", width, 1),
                               ("query_len", query_len, 1)):
@@ -196,6 +204,15 @@ class ContextParallelRunner:
         self.reduce_rows, self.reduce_warps = merge_config(self.num_splits, self.keep)
         self.world_pad = triton.next_power_of_2(world)
         self.merge_rows, self.merge_warps = merge_config(world, SEND_KEEP)
+        if rows_per_program is not None:
+            if not isinstance(rows_per_program, int) or rows_per_program < 1 \
+                    or rows_per_program & (rows_per_program - 1):
+                raise ValueError(f"rows_per_program: expected None or a power of two, got "
+                                 f"{rows_per_program!r}")
+            self.reduce_rows = self.merge_rows = rows_per_program
+        elif portable_default(self.device):  # interpreter: one program per request
+            self.reduce_rows = triton.next_power_of_2(query_len * heads)
+            self.merge_rows = triton.next_power_of_2(query_len * num_heads)
         self.scratch = torch.empty(num_reqs * self.block_m * self.num_splits * self.keep,
                                    dtype=torch.int64, device=self.device)
         nw = 0 if window == 1 else num_reqs * self.num_splits * 2 * window * self.block_m
