@@ -460,3 +460,17 @@ def test_gpu_multi_rank_nccl_cuda_graph(tmp_path, exchange):
     spawn(world, tmp_path, [("bad_use", "world", {}),
                             ("graph", "pair", dict(exchange=exchange)),
                             ("graph", "world", dict(exchange=exchange))], device_kind="cuda")
+
+
+def test_cp_model_prints_tables(capsys):
+    """benchmarks.cp_model (docs/context-parallel.md) runs on the recorded H200 results and its
+    exchange column is ``exchange_bytes``; bad flags are usage errors."""
+    from benchmarks import cp_model
+    assert cp_model.main(["--worlds", "2,4"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("| b32_s100000_q8_h4 |"))
+    recv_kb = float(row.split("|")[5])
+    assert recv_kb == round(exchange_bytes(32, 8, 4, 2)["total_recv"] / 1e3)
+    assert "W=4" in text and "n/a" in text  # Q*W*H_r = 128 rows: past the kernel's tile
+    with pytest.raises(SystemExit):
+        cp_model.main(["--worlds", "1"])
