@@ -53,7 +53,7 @@ def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", de
     """The decode score kernel for SM90 (a ``triton.compile`` result)."""
     from nvfp4_indexer.triton.decode import _decode_score_kernel
     consts = dict(Q=q_len, H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot,
-                  DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl)
+                  DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl, CANDIDATES=False)
     return _compile(_decode_score_kernel, DECODE_TYPES, consts,
                     ("q_ptr", "cache_ptr", "page_stride"), num_warps, num_stages, maxnreg)
 
