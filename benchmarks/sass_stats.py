@@ -26,7 +26,7 @@ import tempfile
 DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_ptr="*u8",
                     page_stride="i32", bt_ptr="*i32", bt_stride="i32", seq_lens_ptr="*i32",
                     cand_ptr="*i64", win_ptr="*fp32", out_ptr="*i32", width="i32",
-                    num_blocks="i32")
+                    num_blocks="i32", page_offset="i32", page_step="i32")
 PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
                      blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64", win_ptr="*fp32",
@@ -53,7 +53,7 @@ def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", de
     """The decode score kernel for SM90 (a ``triton.compile`` result)."""
     from nvfp4_indexer.triton.decode import _decode_score_kernel
     consts = dict(Q=q_len, H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot,
-                  DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl)
+                  DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl, CANDIDATES=False)
     return _compile(_decode_score_kernel, DECODE_TYPES, consts,
                     ("q_ptr", "cache_ptr", "page_stride"), num_warps, num_stages, maxnreg)
 

@@ -97,7 +97,7 @@ from .topk import (
     keep_per_split,
     load_candidates,
     merge_config,
-    merge_window,
+    merge_window_strided,
     store_candidates,
     window_buffer,
     write_selection,
@@ -228,20 +228,25 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
                                             "win_ptr", "out_ptr"])
 def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
                          bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, win_ptr, out_ptr,
-                         width, num_blocks,
+                         width, num_blocks, page_offset, page_step,
                          Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
                          DEQUANT: tl.constexpr = "triton", WINDOW: tl.constexpr = 64,
-                         KEEP: tl.constexpr = 16, PDL: tl.constexpr = False):
+                         KEEP: tl.constexpr = 16, PDL: tl.constexpr = False,
+                         CANDIDATES: tl.constexpr = False):
+    # Page subset (context parallelism, SPEC 8.2): the program walks pages
+    # j = page_offset + k * page_step (0 and 1 for a single device), splits over k.
+    # CANDIDATES: always write the candidate scratch, even with one split.
     b = tl.program_id(0)
     split = tl.program_id(1)
     # SPEC 10: pages clamped to the block-table width, block ids into the cache
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
     n_pages = tl.maximum(seq_len - 1, 0) // PAGE  # history of the last query
     n_pages = tl.where(n_pages > 15, n_pages, 0)  # only short rows: nothing to score
-    per = tl.cdiv(n_pages, NUM_SPLITS)
+    n_sub = tl.maximum(n_pages - page_offset + page_step - 1, 0) // page_step
+    per = tl.cdiv(n_sub, NUM_SPLITS)
     start = split * per
-    end = tl.minimum(start + per, n_pages)
+    end = tl.minimum(start + per, n_sub)
 
     m = tl.arange(0, BLOCK_M)
     i = m // H
@@ -266,7 +271,8 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
     top = empty_topk(BLOCK_M, KEEP)
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
     if WINDOW == 1:
-        for j in range(start, end):
+        for k in range(start, end):
+            j = page_offset + k * page_step
             block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
             score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
                                  q_odd, DOT, DEQUANT)
@@ -276,17 +282,18 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
         for w0 in range(start, end, WINDOW):
             w_end = tl.minimum(w0 + WINDOW, end)
             buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
-            for j in range(w0, w_end):
-                block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0),
+            for k in range(w0, w_end):
+                block = tl.minimum(tl.maximum(tl.load(bt_row + page_offset + k * page_step), 0),
                                    num_blocks - 1).to(tl.int64)
                 score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
                                      q_odd, DOT, DEQUANT)
-                tl.store(buf + (j - w0) * BLOCK_M + m, score)
-            top = merge_window(top, buf, w0, w_end, local, WINDOW)
+                tl.store(buf + (k - w0) * BLOCK_M + m, score)
+            top = merge_window_strided(top, buf, w0, w_end, local, WINDOW, page_offset,
+                                       page_step)
 
     if PDL:  # pages done: the merge grid may launch (it waits for this grid to finish)
         gdc_launch_dependents()
-    if NUM_SPLITS == 1:
+    if NUM_SPLITS == 1 and not CANDIDATES:
         write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)
     else:
         store_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), top, split, NUM_SPLITS)
@@ -524,7 +531,8 @@ class DecodeRunner:
             _decode_score_kernel[(b, self.num_splits)](
                 q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
                 block_table, block_table.stride(0), seq_lens, self.scratch, self.win, out,
-                self.width, cache.shape[0], Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
+                self.width, cache.shape[0], 0, 1, Q=q, H=h, BLOCK_M=self.block_m,
+                NUM_SPLITS=self.num_splits,
                 DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
                 PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
                 **self._reg_cap)

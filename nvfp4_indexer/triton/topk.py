@@ -130,12 +130,22 @@ def merge_window(top, buf, w0, w_end, local_page, WINDOW: tl.constexpr):
     Pages at or past a row's local page ``local_page [R]`` are not candidates of that row.
     The other half of the scratch is written next, so no second barrier is needed before it.
     """
+    return merge_window_strided(top, buf, w0, w_end, local_page, WINDOW, 0, 1)
+
+
+@triton.jit
+def merge_window_strided(top, buf, w0, w_end, local_page, WINDOW: tl.constexpr, page_offset,
+                         page_step):
+    """``merge_window`` over a page subset (context parallelism, SPEC 8.2): slot ``k - w0``
+    of ``buf`` holds the score of logical page ``page_offset + k * page_step`` for
+    ``k = w0 .. w_end - 1``."""
     R: tl.constexpr = top.shape[0]
     m = tl.arange(0, R)
     col = tl.arange(0, WINDOW)
     tl.debug_barrier()
-    jj = w0 + col[None, :]
-    ok = (jj < w_end) & (jj < local_page[:, None])
+    kk = w0 + col[None, :]
+    jj = page_offset + kk * page_step
+    ok = (kk < w_end) & (jj < local_page[:, None])
     s = tl.load(buf + col[None, :] * R + m[:, None], mask=ok, other=0.0, cache_modifier=".cg")
     return topk_merge(top, tl.where(ok, pack_candidate(s, jj + 0 * m[:, None]), EMPTY))
 

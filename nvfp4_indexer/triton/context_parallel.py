@@ -1,0 +1,305 @@
+"""Triton kernels of decode context parallelism (SPEC 8.2): one rank's share of the pages
+for every rank's heads, and the merge after the candidate exchange.
+
+Rank r of W runs, per decode step (``ContextParallelRunner``):
+
+1. ``score``: the decode score kernel (``decode._decode_score_kernel``) in page-subset mode,
+   pages ``j = r, r + W, ...`` of each request, for all ``W * H_r`` heads (the gathered
+   queries), always writing its split candidates to the scratch ``[B, BLOCK_M, NS, KEEP]``;
+   then ``_cp_reduce_kernel`` keeps each row's 16 largest packed (score, page) keys
+   (``topk`` packing, SPEC 5 order) and stores them grouped by the rank that owns the head:
+   the send buffer int64 ``[W, B*Q, H_r, 16]`` (head ``s * H_r + h`` -> block ``s``).
+2. (the caller exchanges the send buffers: all-gather or all-to-all)
+3. ``merge``: ``_cp_merge_kernel`` reads, for each of this rank's rows, the ``W * 16``
+   candidates the ranks sent it and writes the SPEC 5 output (``topk.write_selection``:
+   15 largest keys, slot 15 = L, short and padding rows by formula).
+
+The union of the ranks' 16 best holds every row's 15 best history pages, so the output is the
+single-device selection of the same page scores. Like ``DecodeRunner``: nothing depends on
+host values of the metadata, every program writes all of its outputs each run, and ``run``
+allocates nothing (CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import HEAD_DIM, TOPK
+from .decode import (
+    MAX_ROWS,
+    MAX_SPLITS,
+    MAXNREG,
+    MIN_PAGES_PER_SPLIT,
+    PAGE,
+    PROGRAMS_PER_SM,
+    SCORE_ERROR_BITS,
+    _decode_score_kernel,
+    _num_sms,
+    block_rows,
+    default_dequant,
+)
+from .numerics import device_guard, portable_default
+from .scoring import DEQUANT_MODES, resolve_dot
+from .topk import EMPTY, TOPK_SLOTS, load_candidates, merge_config, write_selection
+from .topk import choose_window as topk_choose_window
+
+SEND_KEEP = TOPK_SLOTS  # candidates a rank sends per row (>= the 15 history slots)
+
+
+def subset_pages(width: int, world: int) -> int:
+    """History pages a rank scores at most per request: ceil((width - 1) / world)."""
+    return triton.cdiv(max(width - 1, 1), world)
+
+
+def cp_num_splits(num_reqs: int, width: int, world: int, num_sms: int,
+                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """NUM_SPLITS of a rank's score kernel: ``decode.choose_num_splits``'s rule applied to
+    the rank's ``subset_pages`` (static shapes only). 1 when ``width - 1 <= 15``: every row is
+    short (SPEC 5) and nothing is scored."""
+    if width - 1 <= 15:
+        return 1
+    max_pages = subset_pages(width, world)
+    b = max(num_reqs, 1)
+    ns = min(triton.cdiv(programs_per_sm * num_sms, b), max_pages, MAX_SPLITS)
+    if b * ns > 4 * num_sms:
+        ns = min(ns, triton.cdiv(max_pages, 2))
+    if b * ns > 8 * num_sms:
+        ns = min(ns, triton.cdiv(max_pages, MIN_PAGES_PER_SPLIT))
+    return max(ns, 1)
+
+
+@triton.jit(do_not_specialize=["num_rows", "width"],
+            do_not_specialize_on_alignment=["cand_ptr", "seq_lens_ptr", "send_ptr"])
+def _cp_reduce_kernel(cand_ptr, seq_lens_ptr, send_ptr, num_rows, width, Q: tl.constexpr,
+                      H_R: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
+                      NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
+                      KEEP: tl.constexpr):
+    """Each row's 16 largest split candidates -> send buffer ``[WORLD, num_rows, H_R, 16]``
+    (EMPTY where fewer). With more than 16 per row, rows of all-short programs send EMPTY
+    only (their output is a formula)."""
+    H: tl.constexpr = WORLD * H_R
+    b = tl.program_id(0)
+    m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    i = m // H
+    h = m % H
+    row_ok = m < Q * H
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)  # SPEC 10 clamp
+    p = seq_len - Q + i
+    local = tl.where(p >= 0, p // PAGE, 0)
+    slot = tl.arange(0, 16)[None, :]
+    src = (b * BLOCK_M + m).to(tl.int64)
+    if NUM_SPLITS * KEEP <= 16:  # every candidate fits: copy (EMPTY-padded)
+        res = tl.load(cand_ptr + src[:, None] * (NUM_SPLITS * KEEP) + slot,
+                      mask=row_ok[:, None] & (slot < NUM_SPLITS * KEEP), other=EMPTY)
+    else:  # 16 rounds of max-and-remove, skipped when every row is short
+        keys = load_candidates(cand_ptr, src, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
+        res = tl.full([ROWS, 16], EMPTY, tl.int64)
+        if tl.max(tl.where(row_ok, local, 0), 0) > 15:
+            for k in tl.static_range(16):
+                best = tl.max(keys, 1)
+                res = tl.where(slot == k, best[:, None], res)
+                keys = tl.where(keys == best[:, None], EMPTY, keys)
+    owner = h // H_R
+    dst = ((owner * num_rows + b * Q + i).to(tl.int64) * H_R + h % H_R) * 16
+    tl.store(send_ptr + dst[:, None] + slot, res, mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["src_stride", "width"],
+            do_not_specialize_on_alignment=["recv_ptr", "seq_lens_ptr", "out_ptr"])
+def _cp_merge_kernel(recv_ptr, src_stride, seq_lens_ptr, out_ptr, width, Q: tl.constexpr,
+                     H_R: tl.constexpr, WORLD: tl.constexpr, WORLD_PAD: tl.constexpr,
+                     ROWS: tl.constexpr):
+    """SPEC 5 output of this rank's rows from the candidates received from every rank:
+    ``recv_ptr + s * src_stride`` is rank s's int64 ``[B*Q, H_R, 16]`` block for this rank."""
+    b = tl.program_id(0)
+    m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    i = m // H_R
+    h = m % H_R
+    row_ok = m < Q * H_R
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)  # SPEC 10 clamp
+    p = seq_len - Q + i
+    local = tl.where(p >= 0, p // PAGE, 0)
+    row = (b * Q + i).to(tl.int64)
+    c = tl.arange(0, WORLD_PAD * 16)[None, :]
+    src = c // 16
+    ptr = recv_ptr + src.to(tl.int64) * src_stride + ((row * H_R + h) * 16)[:, None] + c % 16
+    keys = tl.load(ptr, mask=row_ok[:, None] & (src < WORLD), other=EMPTY)
+    write_selection(keys, local, out_ptr + (row * H_R + h) * 16, row_ok)
+
+
+class ContextParallelRunner:
+    """One rank's kernels for one static shape (B, W', Q, H_r) and group size (SPEC 8.2).
+
+    Args:
+        num_heads: H_r, this rank's index heads (every rank has as many).
+        world / rank: the group size W and this rank's index r (scores pages j % W == r).
+        num_reqs: padded batch B. width: block-table width W'. query_len: Q (1..8).
+        device: the CUDA device (or CPU under the interpreter).
+        dot / dequant / num_splits / window / num_warps / num_stages / maxnreg /
+        programs_per_sm: as ``decode.DecodeRunner`` (the score kernel is the same).
+        rows_per_program: query rows per program of the reduce and merge kernels (a power of
+            two; default ``topk.merge_config``'s one row on a GPU, and under the interpreter
+            all of a request's rows: fewer interpreted programs).
+        warmup: compile the kernels now (default on CUDA), so capture never compiles.
+    Raises:
+        ValueError: bad sizes or knobs. NotImplementedError: Q * W * H_r > 64 (the score
+        kernel holds every rank's rows of a request in one tile).
+    """
+
+    def __init__(self, num_heads: int, world: int, rank: int, num_reqs: int, width: int,
+                 query_len: int, device, *, dot: str | None = None,
+                 dequant: str | None = None, num_splits: int | None = None,
+                 window: int | None = None, num_warps: int = 4, num_stages: int = 2,
+                 maxnreg: int | None = MAXNREG, programs_per_sm: int = PROGRAMS_PER_SM,
+                 rows_per_program: int | None = None, warmup: bool | None = None):
+        for name, val, lo in (("num_heads", num_heads, 1), ("world", world, 1),
+                              ("num_reqs", num_reqs, 1), ("width", width, 1),
+                              ("query_len", query_len, 1)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < lo:
+                raise ValueError(f"{name}: expected an int >= {lo}, got {val!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world:
+            raise ValueError(f"rank: expected an int in 0..{world - 1}, got {rank!r}")
+        heads = world * num_heads
+        if query_len * heads > MAX_ROWS:
+            raise NotImplementedError(
+                f"query_len * num_heads * group size: the Triton context-parallel decode "
+                f"scores every rank's heads in one tile of at most {MAX_ROWS} rows per "
+                f"request, got {query_len} * {num_heads} * {world}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_heads, self.world, self.rank = num_heads, world, rank
+        self.num_reqs, self.width, self.query_len = num_reqs, width, query_len
+        self.block_m = block_rows(query_len, heads)
+        self.dot = resolve_dot(dot, self.device)
+        if dequant is None:
+            dequant = default_dequant(self.device, self.dot)
+        if dequant not in DEQUANT_MODES:
+            raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
+        if dequant != "triton" and (self.dot != "fp16" or portable_default(self.device)):
+            raise ValueError(f"dequant: {dequant!r} needs a CUDA GPU and dot 'fp16', got dot "
+                             f"{self.dot!r} on {self.device}")
+        if num_splits is not None and (not isinstance(num_splits, int)
+                                       or isinstance(num_splits, bool)
+                                       or not 1 <= num_splits <= MAX_SPLITS):
+            raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
+                             f"{num_splits!r}")
+        self.num_splits = num_splits or cp_num_splits(num_reqs, width, world,
+                                                      _num_sms(self.device), programs_per_sm)
+        per = triton.cdiv(subset_pages(width, world), self.num_splits)
+        self.keep = min(16, triton.next_power_of_2(per))
+        if window is None:
+            window = topk_choose_window(per, self.block_m)
+        if not isinstance(window, int) or window < 1 or window & (window - 1) \
+                or window * self.block_m > 4096:
+            raise ValueError(f"window: expected a power of two with window * BLOCK_M <= 4096, "
+                             f"got {window!r}")
+        self.dequant, self.window = dequant, window
+        self.num_warps, self.num_stages = num_warps, num_stages
+        self._reg_cap = ({} if maxnreg is None or portable_default(self.device)
+                         else {"maxnreg": maxnreg})
+        self.splits_pad = triton.next_power_of_2(self.num_splits)
+        self.reduce_rows, self.reduce_warps = merge_config(self.num_splits, self.keep)
+        self.world_pad = triton.next_power_of_2(world)
+        self.merge_rows, self.merge_warps = merge_config(world, SEND_KEEP)
+        if rows_per_program is not None:
+            if not isinstance(rows_per_program, int) or rows_per_program < 1 \
+                    or rows_per_program & (rows_per_program - 1):
+                raise ValueError(f"rows_per_program: expected None or a power of two, got "
+                                 f"{rows_per_program!r}")
+            self.reduce_rows = self.merge_rows = rows_per_program
+        elif portable_default(self.device):  # interpreter: one program per request
+            self.reduce_rows = triton.next_power_of_2(query_len * heads)
+            self.merge_rows = triton.next_power_of_2(query_len * num_heads)
+        self.scratch = torch.empty(num_reqs * self.block_m * self.num_splits * self.keep,
+                                   dtype=torch.int64, device=self.device)
+        nw = 0 if window == 1 else num_reqs * self.num_splits * 2 * window * self.block_m
+        self.win = torch.empty(max(nw, 1), dtype=torch.float32, device=self.device)
+        if warmup is None:
+            warmup = self.device.type == "cuda"
+        if warmup:
+            self._warmup()
+
+    @property
+    def error_bits(self) -> int:
+        """SPEC 9's b for this runner's dot mode."""
+        return SCORE_ERROR_BITS[self.dot]
+
+    def send_shape(self) -> tuple[int, int, int, int]:
+        """Shape of the int64 send buffer ``score`` fills: ``(W, B*Q, H_r, 16)``."""
+        return (self.world, self.num_reqs * self.query_len, self.num_heads, SEND_KEEP)
+
+    def _warmup(self) -> None:
+        b, q, w = self.num_reqs, self.query_len, self.width
+        dev = self.device
+        from ..reference.paging import new_index_cache
+        q_all = torch.zeros((b * q, self.world * self.num_heads, HEAD_DIM),
+                            dtype=torch.float8_e4m3fn, device=dev)
+        seq_lens = torch.zeros((b,), dtype=torch.int32, device=dev)
+        send = torch.empty(self.send_shape(), dtype=torch.int64, device=dev)
+        out = torch.empty((b * q, self.num_heads, TOPK), dtype=torch.int32, device=dev)
+        self.score(q_all, new_index_cache(1, device=dev),
+                   torch.zeros((b, w), dtype=torch.int32, device=dev), seq_lens, send)
+        self.merge(send, send[0].numel(), seq_lens, out)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def score(self, index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+              seq_lens: torch.Tensor, send: torch.Tensor) -> torch.Tensor:
+        """This rank's candidates for every rank's heads (no allocation, capturable).
+
+        Args:
+            index_q: ``float8_e4m3fn [B*Q, W*H_r, 128]`` (unit last stride): all ranks' heads,
+            head ``s * H_r + h`` is rank s's head h. cache: the paged cache.
+            block_table: int32 ``[B, W']`` (unit last stride). seq_lens: int32 ``[B]``.
+            send: int64 ``send_shape()`` contiguous, written completely.
+        Values are trusted (validated by the caller's ``plan()``). Returns ``send``.
+        """
+        b, q, hr, world = self.num_reqs, self.query_len, self.num_heads, self.world
+        if tuple(index_q.shape) != (b * q, world * hr, HEAD_DIM) \
+                or tuple(block_table.shape) != (b, self.width) or seq_lens.shape[0] != b \
+                or tuple(send.shape) != self.send_shape() or not send.is_contiguous():
+            raise ValueError(
+                f"ContextParallelRunner.score: expected index_q [{b * q}, {world * hr}, "
+                f"{HEAD_DIM}], block_table [{b}, {self.width}], seq_lens [{b}], contiguous "
+                f"send {list(self.send_shape())}; got {tuple(index_q.shape)}, "
+                f"{tuple(block_table.shape)}, {tuple(seq_lens.shape)}, {tuple(send.shape)}")
+        q8 = index_q.view(torch.uint8)
+        with device_guard(self.device):
+            _decode_score_kernel[(b, self.num_splits)](
+                q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
+                block_table, block_table.stride(0), seq_lens, self.scratch, self.win,
+                self.scratch, block_table.shape[1], cache.shape[0], self.rank, world,
+                Q=q, H=world * hr, BLOCK_M=self.block_m,
+                NUM_SPLITS=self.num_splits, DOT=self.dot, DEQUANT=self.dequant,
+                WINDOW=self.window, KEEP=self.keep, CANDIDATES=True,
+                num_warps=self.num_warps, num_stages=self.num_stages, **self._reg_cap)
+            _cp_reduce_kernel[(b, triton.cdiv(q * world * hr, self.reduce_rows))](
+                self.scratch, seq_lens, send, b * q, self.width, Q=q, H_R=hr, WORLD=world,
+                BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
+                SPLITS_PAD=self.splits_pad, ROWS=self.reduce_rows, KEEP=self.keep,
+                num_warps=self.reduce_warps)
+        return send
+
+    def merge(self, recv: torch.Tensor, src_stride: int, seq_lens: torch.Tensor,
+              out: torch.Tensor) -> torch.Tensor:
+        """SPEC 5 output of this rank's rows from the received candidates (capturable).
+
+        Args:
+            recv: int64 tensor whose storage from ``recv.data_ptr()`` holds, at element
+            ``s * src_stride``, rank s's ``[B*Q, H_r, 16]`` candidates for this rank (e.g.
+            ``recv_all_gather[:, rank]`` with ``src_stride = W * B*Q * H_r * 16``).
+            seq_lens: int32 ``[B]``. out: int32 ``[B*Q, H_r, 16]`` contiguous.
+        Returns ``out``.
+        """
+        b, q, hr = self.num_reqs, self.query_len, self.num_heads
+        if recv.dtype != torch.int64 or tuple(out.shape) != (b * q, hr, TOPK):
+            raise ValueError(f"ContextParallelRunner.merge: expected int64 recv and out "
+                             f"[{b * q}, {hr}, {TOPK}], got {recv.dtype}, {tuple(out.shape)}")
+        with device_guard(self.device):
+            _cp_merge_kernel[(b, triton.cdiv(q * hr, self.merge_rows))](
+                recv, src_stride, seq_lens, out, self.width, Q=q, H_R=hr, WORLD=self.world,
+                WORLD_PAD=self.world_pad, ROWS=self.merge_rows, num_warps=self.merge_warps)
+        return out
