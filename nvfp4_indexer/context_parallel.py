@@ -264,6 +264,30 @@ class ContextParallelDecodeWrapper:
                 block_table.stride() != self.block_table.stride():
             self.block_table[:, :block_table.shape[1]].copy_(block_table)
 
+    def plan_from_host(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       query_len: int) -> None:
+        """``plan`` for metadata already validated on host copies (``engine.Indexer.plan``):
+        copy ``block_table [B, W'']`` and ``seq_lens [B]`` into the buffers (device to device,
+        non-blocking, no sync, no collective). The wrapper must have been built with
+        ``query_len``.
+
+        Raises:
+            RuntimeError: the wrapper was built without ``query_len``.
+            ValueError: a ``query_len`` other than the wrapper's.
+        """
+        if self.query_len is None:
+            raise RuntimeError("ContextParallelDecodeWrapper.plan_from_host: build the "
+                               "wrapper with query_len (its setup is collective)")
+        if query_len != self.query_len:
+            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+        b, w = self.block_table.shape
+        if seq_lens.data_ptr() != self.seq_lens.data_ptr():
+            self.seq_lens.copy_(seq_lens, non_blocking=True)
+        cols = min(w, block_table.shape[1])
+        if block_table.data_ptr() != self.block_table.data_ptr() or \
+                block_table.stride() != self.block_table.stride():
+            self.block_table[:, :cols].copy_(block_table[:, :cols], non_blocking=True)
+
     def _check_plan(self, block_table, seq_lens, query_len, num_blocks) -> None:
         dev = self.block_table.device
         b, w = self.block_table.shape

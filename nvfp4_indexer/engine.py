@@ -373,17 +373,19 @@ class Indexer:
     Args:
         config: an ``IndexerConfig``.
         backend: "auto" | "reference" | "triton" ("auto": Triton on CUDA, else the reference).
+    With ``config.context_parallel_group`` (SPEC 8.2) the decode rows go through one
+    ``context_parallel.ContextParallelDecodeWrapper`` per (padded batch size, Q): every rank
+    scores the pages j % W == r for all ranks' heads, and ``plan`` / ``forward`` (and the first
+    use of a batch size) are collective, so every rank must call them in the same order with
+    the same step metadata. Prefill is not split.
+
     Raises:
-        ValueError: a bad backend for the config's device. NotImplementedError:
-        ``context_parallel_group`` (SPEC 8.2, not implemented yet).
+        ValueError: a bad backend for the config's device.
     """
 
     def __init__(self, config: IndexerConfig, *, backend: str = "auto"):
         if not isinstance(config, IndexerConfig):
             raise TypeError(f"config: expected an IndexerConfig, got {type(config).__name__}")
-        if config.context_parallel_group is not None:
-            raise NotImplementedError("context_parallel_group: decode context parallelism "
-                                      "(SPEC 8.2) is not implemented yet; expected None")
         self.config = c = config
         dev = c.device
         self.device = dev
@@ -462,8 +464,15 @@ class Indexer:
         key = (int(num_decodes), int(query_len))
         dec = self.decoders.get(key)
         if dec is None:
-            # ---- SPEC 8.2 hook: with c.context_parallel_group, this is the single place that
-            # would build the context-parallel decoder (same plan_from_host / run interface).
+            if c.context_parallel_group is not None:  # SPEC 8.2 (collective construction)
+                from .context_parallel import ContextParallelDecodeWrapper
+                dec = ContextParallelDecodeWrapper(
+                    c.num_heads, c.context_parallel_group,
+                    block_table_buffer=self.decode_block_table[:key[0]],
+                    seq_lens_buffer=self.decode_seq_lens[:key[0]], query_len=key[1],
+                    use_cuda_graph=self.device.type == "cuda", backend=self.backend)
+                self.decoders[key] = dec
+                return dec
             dec = _HostPlannedDecodeWrapper(
                 c.num_heads, block_table_buffer=self.decode_block_table[:key[0]],
                 seq_lens_buffer=self.decode_seq_lens[:key[0]],

@@ -182,6 +182,37 @@ def decode_steps(rank, world, group, device, *, backend, exchange, heads, q_len,
     return w
 
 
+def engine_steps(rank, world, group, device):
+    """The engine-facing Indexer with ``context_parallel_group`` (SPEC 8.1, 8.2): a mixed step
+    (2 decodes + 1 prefill) and a decode-only step padded to a graph size; every rank's rows
+    equal a single-process Indexer's for its own heads, rows past the step stay poisoned."""
+    heads, nb = 2, 80
+    g = torch.Generator().manual_seed(11)
+    cache = ni.new_index_cache(nb)
+    ni.write_index_k(cache, torch.randn(nb * 128, 128, generator=g),
+                     torch.randperm(nb * 128, generator=g), backend="reference")
+    cache = cache.to(device)
+    bt = torch.randperm(nb, generator=g)[:3 * 26].view(3, 26).to(torch.int32)
+    q_all = ni.encode_e4m3(torch.randn(40, world * heads, 128, generator=g))
+    own = q_all[:, rank * heads:(rank + 1) * heads].contiguous().to(device)
+    steps = [([2, 2, 9], [2500, 3000, 2900], 2), ([2, 2, 0], [3100, 40, 0], 3)]
+    cfg = dict(num_heads=heads, max_model_len=3328, max_num_batched_tokens=64, max_num_seqs=3,
+               max_decode_query_len=2, cudagraph_batch_sizes=(1, 2, 4), device=device)
+    cp = ni.Indexer(ni.IndexerConfig(**cfg, context_parallel_group=group), backend="reference")
+    alone = ni.Indexer(ni.IndexerConfig(**cfg), backend="reference")
+    for q_lens, seqs, nd in steps:
+        qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+        sl = torch.tensor(seqs, dtype=torch.int32)
+        step = ni.StepMetadata(qsl.to(device), qsl, sl.to(device), sl, bt.to(device), nd)
+        got = torch.full((40, heads, 16), POISON, dtype=torch.int32, device=device)
+        want = torch.full_like(got, POISON)
+        cp.forward(own, cache, cp.plan(step), got)
+        alone.forward(own, cache, alone.plan(step), want)
+        assert torch.equal(got, want), f"rank {rank}: Indexer rows differ from one process"
+        end = nd * 2 if nd == len(seqs) else int(qsl[-1])  # padding requests: Q rows each
+        assert (got[end:] == POISON).all() and (got[:end] != POISON).all()
+
+
 def _worker(rank, world, store_path, scenarios, device_kind):
     """One process: ``scenarios`` are (name, group, kwargs) run in order; group "world" is
     every process, "pair" the processes {2k, 2k+1} (only ranks 0 and 1 run those; the others
@@ -209,6 +240,8 @@ def _worker(rank, world, store_path, scenarios, device_kind):
             t0 = time.time()
             if name == "bad_use":
                 bad_use(grank, size, group, device)
+            elif name == "engine":
+                engine_steps(grank, size, group, device)
             elif name == "graph":
                 graph_steps(grank, size, group, device, **kw)
             else:
@@ -244,7 +277,8 @@ TRITON_STEPS = dict(backend="triton", heads=1, q_len=2)
 
 def test_gloo_groups_of_2_and_4(tmp_path):
     """4 CPU processes (gloo): groups of 2 (a subgroup) and of all 4; bad use first, then
-    decode steps on the reference and on the Triton interpreter, both exchanges. (On a CUDA
+    decode steps on the reference and on the Triton interpreter, both exchanges, and the
+    engine-facing Indexer with ``context_parallel_group`` (2 ranks). (On a CUDA
     machine there is no interpreter: the reference scenarios only; the GPU tests cover
     Triton.)"""
     scenarios = [
@@ -253,6 +287,7 @@ def test_gloo_groups_of_2_and_4(tmp_path):
         ("steps", "pair", dict(REF_STEPS, exchange="all_to_all", lazy=True)),
         ("steps", "pair", dict(TRITON_STEPS, exchange="all_gather", lazy=True, num_steps=1,
                                runner_options={"num_splits": 2})),
+        ("engine", "pair", {}),
         ("bad_use", "world", {}),
         ("steps", "world", dict(REF_STEPS, heads=1, exchange="all_gather", lazy=True,
                                 num_steps=1)),

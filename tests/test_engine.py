@@ -105,10 +105,16 @@ def dataclasses_frozen_error():
     return dataclasses.FrozenInstanceError
 
 
-def test_context_parallel_group_not_implemented_yet():
-    c = _config(context_parallel_group=object())
-    with pytest.raises(NotImplementedError, match="context_parallel_group"):
-        ni.Indexer(c)
+def test_context_parallel_group_needs_torch_distributed():
+    """A context-parallel Indexer (SPEC 8.2) builds its decoders over torch.distributed: without
+    an initialized process group the first decode batch size is refused, naming the group
+    (the multi-process runs are in test_context_parallel.py)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    ix = ni.Indexer(_config(context_parallel_group=object()), backend="reference")
+    with pytest.raises(ValueError, match="group"):
+        ix.decoder(1, 1)
 
 
 def test_memory_report():
