@@ -8,6 +8,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats                       # the decode/prefill defaults
     python -m benchmarks.sass_stats --window 1 --maxnreg 128
     python -m benchmarks.sass_stats --elementwise          # gather and insert kernels
+    python -m benchmarks.sass_stats --wgmma                # the Gluon wgmma decode scorer
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
@@ -95,6 +96,49 @@ def compile_insert(*, rotary_dim=64, block_t=4, num_warps=1):
                      "cache_ptr", "slot_ptr", "page_stride"), num_warps, 1, None)
 
 
+WGMMA_TYPES = dict(q_ptr="*u8", q_row_stride="i64", q_head_stride="i64", cache_ptr="*u8",
+                   page_stride8="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
+                   width="i32", seq_lens_ptr="*i32", tbl_ptr="*i64", scores_ptr="*fp32")
+
+
+def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
+    """The Gluon wgmma decode score kernel (``triton.wgmma_scorer``) for SM90, specialized as
+    a launch on an aligned cache with the default page stride gets it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from nvfp4_indexer.triton.decode import block_rows
+    from nvfp4_indexer.triton.decode_wgmma import gluon_layouts
+    from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
+    rows = block_rows(q_len, heads)
+    cl, mma, ql, b_sl = gluon_layouts(rows)
+    consts = dict(Q=q_len, H=heads, N=rows, NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql,
+                  B_SL=b_sl)
+    fn = wgmma_score_kernel
+    sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
+    aligned = ("q_ptr", "cache_ptr", "page_stride8", "bt_ptr", "seq_lens_ptr", "tbl_ptr",
+               "scores_ptr")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def wgmma_report() -> list[str]:
+    """Registers and per-page SASS instructions of the Gluon wgmma decode scorer, by rows."""
+    lines = []
+    for q_len, heads in ((8, 4), (4, 4), (1, 4), (8, 8)):
+        k = compile_wgmma(q_len=q_len, heads=heads)
+        st = sass_stats(k)
+        page = [n for n, hg in st["loops"] if hg]
+        ptx = k.asm["ptx"]
+        lines.append(f"wgmma   Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
+                     f"{st['registers']} registers, {st['local_bytes']} B local, page loop "
+                     f"body {page} SASS instructions, {ptx.count('wgmma.mma_async')} wgmma, "
+                     f"{ptx.count('prmt.b32')} prmt in the PTX")
+    return lines
+
+
 def elementwise_report() -> list[str]:
     """Static SASS sizes of the gather and insert kernels (no loops: every instruction runs
     once per program, except the rarely taken slow paths of IEEE division / sqrt)."""
@@ -160,10 +204,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dequant", default="ptx", help="decode DEQUANT constexpr")
     ap.add_argument("--elementwise", action="store_true",
                     help="the gather and insert kernels instead of the score kernels")
+    ap.add_argument("--wgmma", action="store_true",
+                    help="the Gluon wgmma decode scorer (decode dequant 'wgmma')")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
+    if args.wgmma:
+        for line in wgmma_report():
+            print(line, flush=True)
+        return 0
     if args.elementwise:
         for line in elementwise_report():
             print(line, flush=True)

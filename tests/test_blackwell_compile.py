@@ -51,7 +51,7 @@ QUERY_TYPES = dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32", num_heads=
 def dec(q, h, ns, window, keep):
     return (decode._decode_score_kernel, DECODE_TYPES,
             dict(Q=q, H=h, BLOCK_M=decode.block_rows(q, h), NUM_SPLITS=ns, DOT="fp16",
-                 DEQUANT="ptx", WINDOW=window, KEEP=keep, PDL=False),
+                 DEQUANT="ptx", WINDOW=window, KEEP=keep, PDL=False, CANDIDATES=False),
             dict(num_warps=4, num_stages=2, maxnreg=decode.MAXNREG))
 
 

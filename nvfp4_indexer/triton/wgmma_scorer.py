@@ -7,7 +7,7 @@ history page of its split: the page's code and scale bytes loaded straight into 
 code runs of its own fragment; the next page is loaded before the current one is used), per
 K=64 half (groups 2j + g' of one g'): ``lut.LUT_ASM`` dequantization, a trivial
 (register-renaming) conversion to the A operand layout and one ``warpgroup_mma
-[128, 64] x [64, N]`` (halves keep fewer registers live: 118 instead of 142 at N = 32), then the
+[128, 64] x [64, N]`` (halves keep fewer registers live: 120 instead of 142 at N = 32), then the
 max over tokens, stored to ``scores[b, n, j]``. Layouts come from ``decode_wgmma.gluon_layouts``.
 """
 
