@@ -194,7 +194,7 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
             132 without CUDA.
         window / num_splits / programs_per_sm / dequant / wgmma_min_pages: the runner's
             overrides, if it was given any (defaults: ``choose_window`` / ``choose_num_splits`` /
-            ``PROGRAMS_PER_SM`` / ``default_dequant`` of ``device``).
+            ``PROGRAMS_PER_SM`` / ``choose_dequant`` on ``device``).
         device: the runner's device (default: the current CUDA device, or the CPU).
     Returns:
         Number of float32 elements: the int64 candidate scratch (none when the runner does not
@@ -547,23 +547,23 @@ class DecodeRunner:
 
 def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
                    min_pages: int | None = None) -> str:
-    """The runner's default dequant mode for a static shape: ``default_dequant``, except that
-    "wgmma" (two launches) gives way to the one-launch "ptx" kernel when the batch has fewer
-    than ``min_pages`` (default ``WGMMA_MIN_PAGES``) pages, B * (W - 1), or only short rows."""
-    mode = default_dequant(device, dot)
+    """The runner's default dequant mode for a static shape: "wgmma" on SM90 GPUs with dot
+    fp16 (``decode_wgmma``) for batches of at least ``min_pages`` (default
+    ``WGMMA_MIN_PAGES``) pages, B * (W - 1), with rows to score; else the one-launch kernel's
+    ``default_dequant`` (its fused top-k saves the select launch)."""
     min_pages = WGMMA_MIN_PAGES if min_pages is None else min_pages
-    if mode == "wgmma" and (num_reqs * (width - 1) < min_pages or width - 1 <= 15):
-        return "ptx"
-    return mode
+    if dot == "fp16" and decode_wgmma.wgmma_available(device) \
+            and num_reqs * (width - 1) >= min_pages and width - 1 > 15:
+        return "wgmma"
+    return default_dequant(device, dot)
 
 
 def default_dequant(device: torch.device, dot: str) -> str:
-    """"wgmma" on SM90 GPUs (``decode_wgmma``), else "ptx" where its conversions exist (CUDA
-    SM89+), when the dot is fp16; "triton" otherwise."""
+    """The one-launch score kernel's dequant mode (``_decode_score_kernel``, also used by the
+    context-parallel runner): "ptx" where its conversions exist (CUDA SM89+) and the dot is
+    fp16, else "triton"."""
     if dot != "fp16" or portable_default(device) or device.type != "cuda":
         return "triton"
-    if decode_wgmma.wgmma_available(device):
-        return "wgmma"
     return "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "triton"
 
 
