@@ -296,6 +296,8 @@ def main(argv=None) -> int:
                     help="stop starting timings after this many seconds (default 210)")
     ap.add_argument("--graph-calls", type=int, default=24)
     ap.add_argument("--variants", default=None, help="comma-separated subset of variants")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated BATCH:NOMINAL cases (default: the module's CASES)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("dequant_lab: needs a CUDA GPU", flush=True)
@@ -314,6 +316,11 @@ def main(argv=None) -> int:
     if "base" not in variants:
         variants = {"base": {}, **variants}
     cases = CASES[:2] if args.quick else CASES
+    if args.cases:
+        try:
+            cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
+        except ValueError:
+            ap.error(f"--cases: expected BATCH:NOMINAL,..., got {args.cases!r}")
     copy = copy_ceiling(dev)["gbps"]
     log(f"device copy: {copy:.0f} GB/s")
     checks = check_operands(dev)
