@@ -58,6 +58,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _min_max(a: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty array: argmin / argmax are several times cheaper than
+    ``a.min()`` (a ufunc reduce) on the short arrays of one step (host time)."""
+    return int(a[a.argmin()]), int(a[a.argmax()])
+
+
 def _pos_int(name: str, val) -> int:
     if not v.is_int(val) or val < 1:
         v.fail(name, "a positive int", repr(val))
@@ -325,12 +331,18 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
             self._runner = _triton("decode").DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 warmup=self.use_cuda_graph and dev.type == "cuda")
+        # Skipped when the caller passes the buffers themselves (in-place mode, Indexer).
         if seq_lens.data_ptr() != self.seq_lens.data_ptr():
             self.seq_lens.copy_(seq_lens, non_blocking=True)
-        cols = min(w, block_table.shape[1])
-        if block_table.data_ptr() != self.block_table.data_ptr() or \
-                block_table.stride() != self.block_table.stride():
-            self.block_table[:, :cols].copy_(block_table[:, :cols], non_blocking=True)
+        bt = self.block_table
+        if block_table.data_ptr() != bt.data_ptr() or block_table.stride() != bt.stride():
+            cols = block_table.shape[1]  # no slicing when the widths agree (host time)
+            if cols == w:
+                bt.copy_(block_table, non_blocking=True)
+            elif cols > w:
+                bt.copy_(block_table[:, :w], non_blocking=True)
+            else:
+                bt[:, :cols].copy_(block_table, non_blocking=True)
         self.query_len = query_len
 
 
@@ -405,6 +417,8 @@ class Indexer:
                                + 2 * _cdiv(c.max_num_batched_tokens * c.num_heads, 16))
         self._staging = [_Staging(self._staging_elems, dev) for _ in range(_NUM_STAGING)]
         self._slot = 0
+        self._ramps: dict = {}  # _ramp cache
+        self._fast_device = dev.type in ("cpu", "cuda")  # _check_step_fast's device compare
         self._num_sms = None
         if self.backend == "triton":
             from .triton.decode import _num_sms
@@ -486,6 +500,91 @@ class Indexer:
     # -- plan -----------------------------------------------------------------------------
 
     def _check_step(self, step: StepMetadata):
+        """Metadata and host-value checks (SPEC 10); returns ``(num_decodes, Q, query_start_loc
+        host array, seq lens host array)``. A few vectorized checks accept a well-formed step
+        (``_check_step_fast``); anything they do not accept goes through the full checks,
+        which raise the precise error (or accept what the fast path is too narrow for)."""
+        r = self._check_step_fast(step)
+        return r if r is not None else self._check_step_full(step)
+
+    def _ramp(self, dtype, q: int) -> bytes:
+        """Bytes of ``arange(max_decode_reqs + 1) * q`` in numpy ``dtype``: the
+        ``query_start_loc`` of decode requests of one length q (a prefix of it)."""
+        key = (dtype, q)
+        b = self._ramps.get(key)
+        if b is None:
+            b = self._ramps[key] = (np.arange(self.max_decode_reqs + 1, dtype=np.int64)
+                                    * q).astype(dtype).tobytes()
+        return b
+
+    def _check_step_fast(self, step):
+        """The checks of ``_check_step_full`` for the common well-formed step, in a few
+        vectorized numpy ops (host time): returns what it returns, or None when any condition
+        is not plainly met (then the full checks decide and name the error). Every condition
+        below implies the full checks pass with the same result."""
+        if type(step) is not StepMetadata or not self._fast_device:
+            return None
+        sc, qc = step.seq_lens_cpu, step.query_start_loc_cpu
+        qd, sd, bt, nd = step.query_start_loc, step.seq_lens, step.block_table, step.num_decodes
+        T, dev, ints = torch.Tensor, self.device, v.INT_DTYPES
+        if not (type(sc) is T and type(qc) is T and type(qd) is T and type(sd) is T
+                and type(bt) is T and type(nd) is int):
+            return None
+        if not (sc.dim() == 1 and sc.is_cpu and sc.dtype in ints):
+            return None
+        r = sc.shape[0]
+        if not (0 <= nd <= r and r and qc.dim() == 1 and qc.shape[0] == r + 1 and qc.is_cpu
+                and qc.dtype in ints and qd.dim() == 1 and qd.shape[0] == r + 1
+                and qd.dtype == torch.int32 and qd.device == dev and sd.dim() == 1
+                and sd.shape[0] == r and sd.dtype == torch.int32 and sd.device == dev
+                and sd.is_contiguous() and bt.dim() == 2 and bt.shape[0] == r
+                and bt.dtype == torch.int32 and bt.device == dev
+                and (bt.shape[1] <= 1 or bt.stride(1) == 1) and nd <= self.max_decode_reqs):
+            return None
+        c = self.config
+        qsl, sl = qc.numpy(), sc.numpy()
+        limit = min(bt.shape[1] * PAGE_SIZE, c.max_model_len)
+        total = int(qsl[r])
+        if total > c.max_num_batched_tokens:
+            return None
+        q = 0
+        if nd:
+            q = int(qsl[1])
+            if not 1 <= q <= c.max_decode_query_len:
+                return None
+            isz = qsl.itemsize
+            ramp = self._ramp(qsl.dtype, q)
+            if nd == r and total != nd * q:  # zero-length (padding) requests at the end
+                n_real = total // q
+                if n_real < 1 or n_real * q != total:
+                    return None
+                head = qsl[:n_real + 1]
+                if head.tobytes() != ramp[:(n_real + 1) * isz] or \
+                        _min_max(qsl[n_real + 1:]) != (total, total) or \
+                        _min_max(sl[n_real:]) != (0, 0):
+                    return None
+            else:
+                n_real = nd
+                # C-order bytes equal: qsl[:nd + 1] == [0, q, 2q, ..., nd * q]
+                if (qsl if nd == r else qsl[:nd + 1]).tobytes() != ramp[:(nd + 1) * isz]:
+                    return None
+            if n_real:
+                lo, hi = _min_max(sl[:n_real] if n_real < r else sl)
+                if lo < q or hi > limit:
+                    return None
+        elif qsl[0] != 0:
+            return None
+        if nd < r:
+            if r - nd > c.max_num_seqs:
+                return None
+            pq = qsl[nd:].astype(np.int64)  # int64: no wrap-around in the differences
+            ps = sl[nd:]
+            ql = pq[1:] - pq[:-1]
+            if _min_max(ql)[0] < 1 or _min_max(ps - ql)[0] < 0 or _min_max(ps)[1] > limit:
+                return None
+        return nd, q, qsl, sl
+
+    def _check_step_full(self, step: StepMetadata):
         """Metadata and host-value checks (SPEC 10); returns host numpy views."""
         if not isinstance(step, StepMetadata):
             raise TypeError(f"step: expected a StepMetadata, got {type(step).__name__}")
@@ -591,7 +690,9 @@ class Indexer:
         nd, q, qsl, sl = self._check_step(step)
         c = self.config
         r = sl.shape[0]
-        dec = self.decoder(nd, q) if nd else None  # raises before any copy on bad sizes
+        dec = None
+        if nd:  # self.decoder raises before any copy on bad sizes (and creates on first use)
+            dec = self.decoders.get((nd, q)) or self.decoder(nd, q)
         p0 = int(qsl[nd])
         pre_rows = int(qsl[r]) - p0
         chunks = []
@@ -610,7 +711,10 @@ class Indexer:
         # Everything validated: now write (decode buffers).
         self._generation += 1
         if dec is not None:
-            dec.plan_from_host(step.block_table[:nd], step.seq_lens[:nd], q)
+            if nd == r:  # no slicing (host time); the buffers themselves are not copied
+                dec.plan_from_host(step.block_table, step.seq_lens, q)
+            else:
+                dec.plan_from_host(step.block_table[:nd], step.seq_lens[:nd], q)
         return IndexerMetadata(num_decodes=nd, decode_query_len=q, num_decode_rows=nd * q,
                                prefill_row_start=p0, num_prefill_rows=pre_rows,
                                num_rows=max(nd * q, p0 + pre_rows), decoder=dec,
@@ -620,26 +724,29 @@ class Indexer:
         """Row blocks, splits and scratch of each chunk (host), staged in one pinned buffer:
         one non-blocking H2D copy per chunk; the device seq lens are clamped by their host
         copies so no kernel reads past what the plan sized."""
-        from .triton.scoring import plan_row_blocks
         h = self.config.num_heads
-        pq = qsl[nd:] - qsl[nd]
-        pqs, psl = pq.tolist(), sl[nd:].tolist()
+        pq = qsl[nd:].astype(np.int64)
+        pq -= pq[0]
+        psl = sl[nd:].astype(np.int64)
         plans, total = [], 0
         for ch in chunks:
             a, b = ch.req_start, ch.req_end
-            longest = max(pqs[i + 1] - pqs[i] for i in range(a, b))
-            bm = min(128, max(16, 1 << max(longest * h - 1, 0).bit_length()))
-            rel = [x - pqs[a] for x in pqs[a:b + 1]]
-            reqs, row0s, pages = plan_row_blocks(rel, psl[a:b], h, bm, range(b - a))
-            score_pages = max(p if p > SHORT_MAX_LOCAL else 0 for p in pages)
+            rel = pq[a:b + 1] - pq[a]
+            seq = psl[a:b]
+            qlen = rel[1:] - rel[:-1]
+            bm = min(128, max(16, 1 << max(int(qlen.max()) * h - 1, 0).bit_length()))
+            reqs, row0s, pages = _row_blocks(qlen, seq, h, bm)
+            top = int(pages.max())
+            score_pages = top if top > SHORT_MAX_LOCAL else 0
             ch.launch = _prefill_launch(len(reqs), score_pages, bm, self._num_sms,
                                         cap=self.score_buffer.numel())
             ch.launch["max_gather"] = max(ch.gather_pages)
             # staged layout: [qsl (n+1) | seq cap (n) | ws offsets (n+1) | pages (n) | blocks 2nb]
             n = b - a
-            vals = rel + psl[a:b] + ch.page_offsets + ch.gather_pages + reqs + row0s
-            plans.append((ch, n, len(reqs), vals))
-            total += len(vals)
+            vals = (rel, seq, ch.page_offsets, ch.gather_pages, reqs, row0s)
+            size = 4 * n + 2 + 2 * len(reqs)
+            plans.append((ch, n, len(reqs), vals, size))
+            total += size
         if total > self._staging_elems:  # cannot happen within the config's limits
             v.fail("step", f"prefill metadata of at most {self._staging_elems} ints (staging)",
                    total)
@@ -647,9 +754,13 @@ class Indexer:
         self._slot = (self._slot + 1) % _NUM_STAGING
         st.acquire()
         off = 0
-        for ch, n, nb, vals in plans:
-            lo, hi = off, off + len(vals)
-            st.host_np[lo:hi] = vals
+        host = st.host_np
+        for ch, n, nb, vals, size in plans:
+            lo, hi = off, off + size
+            at = lo
+            for part in vals:
+                host[at:at + len(part)] = part
+                at += len(part)
             d = st.copy(lo, hi)
             seq = step.seq_lens[nd + ch.req_start: nd + ch.req_end]
             qsl_d, cap, ws_off, pages, blocks = d.split([n + 1, n, n + 1, n, 2 * nb])
@@ -765,20 +876,42 @@ class Indexer:
             out[lo:hi] = select_pages(scores, local, TOPK)
 
 
+def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,
+                block_m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``triton.scoring.plan_row_blocks`` of requests ``0 .. n-1`` in numpy (host time):
+    ``(request, first row, pages)`` int64 arrays per block of ``block_m`` (token, head) rows
+    of one request, ``pages`` the local page of its last row (0 when negative). Query lengths
+    ``q_lens [n]`` (>= 1) and ``seq_lens [n]`` are int64 arrays."""
+    rows = q_lens * num_heads
+    if len(rows) == 1:  # one request: no per-block gathers
+        nb = _cdiv(int(rows[0]), block_m)
+        row0s = np.arange(0, nb * block_m, block_m)
+        t_last = np.minimum(row0s + block_m, rows[0])
+        t_last -= 1
+        t_last //= num_heads
+        t_last += seq_lens[0] - q_lens[0]
+        return np.zeros(nb, dtype=np.int64), row0s, np.maximum(t_last, 0) // PAGE_SIZE
+    nblk = -(-rows // block_m)
+    reqs = np.repeat(np.arange(len(rows)), nblk)
+    first = np.cumsum(nblk) - nblk  # each request's first block
+    row0s = (np.arange(len(reqs)) - first[reqs]) * block_m
+    t_last = (np.minimum(row0s + block_m, rows[reqs]) - 1) // num_heads
+    pages = np.maximum(seq_lens[reqs] - q_lens[reqs] + t_last, 0) // PAGE_SIZE
+    return reqs, row0s, pages
+
+
 def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int,
                     cap: int | None) -> dict:
     """Splits / keep / window of one prefill chunk's score launch (as
     ``triton.prefill.prefill_indexer`` picks them) and its scratch in float32 elements;
     with ``cap``, fewer splits (then window 1) until the scratch fits ``cap``."""
-    import triton
-
     from .triton.prefill import _num_splits
     from .triton.topk import choose_window
     ns = 1 if score_pages == 0 else _num_splits(num_blocks, score_pages, num_sms)
     force_win1 = False
     while True:
-        per = triton.cdiv(max(score_pages, 1), ns)
-        keep = min(16, triton.next_power_of_2(per))
+        per = _cdiv(max(score_pages, 1), ns)
+        keep = min(16, 1 << (per - 1).bit_length())  # next power of two (per >= 1)
         win = 1 if force_win1 else choose_window(per, block_m)
         cand = num_blocks * block_m * ns * keep if ns > 1 else 0
         win_elems = num_blocks * ns * 2 * win * block_m if win > 1 else 0

@@ -374,3 +374,108 @@ def _tie_free_equal(got, want) -> bool:
     return bool((g[:, 15] == w[:, 15]).all()) and \
         bool((g[:, :15].sort(dim=-1).values == w[:, :15].sort(dim=-1).values).float().mean()
              > 0.98)
+
+
+# ------------------------------------------------------------------- plan host fast path
+
+def _mutations(step, rng):
+    """One random edit of a step's host values / metadata (valid or not)."""
+    s = ni.StepMetadata(step.query_start_loc.clone(), step.query_start_loc_cpu.clone(),
+                        step.seq_lens.clone(), step.seq_lens_cpu.clone(),
+                        step.block_table.clone(), step.num_decodes)
+    r = s.seq_lens_cpu.shape[0]
+    k = int(rng.integers(0, 9))
+    i = int(rng.integers(0, r + 1))
+    d = int(rng.choice([-2 ** 31, -300, -2, -1, 1, 2, 130, 3000, 2 ** 31 - 1]))
+    if k == 0:
+        s.query_start_loc_cpu = s.query_start_loc_cpu.long()
+        s.query_start_loc_cpu[i] += d
+    elif k == 1:
+        s.query_start_loc_cpu[i:] = (s.query_start_loc_cpu[i:].long() + d).clamp(
+            -2 ** 31, 2 ** 31 - 1).int()
+    elif k == 2:
+        s.seq_lens_cpu = s.seq_lens_cpu.long()
+        s.seq_lens_cpu[min(i, r - 1)] += d
+    elif k == 3:
+        s.num_decodes = int(rng.integers(0, r + 2))
+    elif k == 4:
+        s.block_table = s.block_table[:, :int(rng.integers(1, 27))]
+    elif k == 5:
+        s.seq_lens_cpu[min(i, r - 1)] = int(rng.integers(-1, 3100))
+    elif k == 6:
+        s.num_decodes = np.int64(s.num_decodes)  # other int types: the full checks
+    elif k == 7:
+        s.seq_lens = s.seq_lens.long()
+    return s
+
+
+def test_plan_fast_checks_imply_full_checks():
+    """The vectorized host checks only accept what the full checks accept, with the same
+    result; they accept the common well-formed steps (the fast path is taken)."""
+    ix = ni.Indexer(_config(), backend="reference")
+    bases = [_step([1] * 5, [300, 2500, 130, 1, 3000], 5),
+             _step([3, 3, 3, 0], [2300, 4, 2700, 0], 4),
+             _step(*MIXED),
+             _step([4, 4, 9, 1], [40, 2000, 9, 1], 2),
+             _step([7, 20], [7, 2000], 0)]
+    for s in bases:
+        fast = ix._check_step_fast(s)
+        assert fast is not None
+        want = ix._check_step_full(s)
+        assert fast[:2] == want[:2] and fast[2].tolist() == want[2].tolist() \
+            and fast[3].tolist() == want[3].tolist()
+    rng = np.random.default_rng(5)
+    accepted = rejected = 0
+    for n in range(600):
+        s = _mutations(bases[n % len(bases)], rng)
+        fast = ix._check_step_fast(s)
+        try:
+            want = ix._check_step_full(s)
+        except (ValueError, TypeError):
+            assert fast is None, f"fast checks accepted a bad step (case {n})"
+            rejected += 1
+            continue
+        accepted += 1
+        if fast is not None:
+            assert fast[:2] == want[:2] and fast[2].tolist() == want[2].tolist() \
+                and fast[3].tolist() == want[3].tolist()
+    assert accepted > 50 and rejected > 50
+
+
+def test_row_blocks_equal_plan_row_blocks():
+    from nvfp4_indexer.engine import _row_blocks
+    from nvfp4_indexer.triton.scoring import plan_row_blocks
+    rng = np.random.default_rng(6)
+    for _ in range(40):
+        n = int(rng.integers(1, 5))
+        ql = rng.integers(1, 300, n)
+        sl = ql + rng.integers(0, 5000, n)
+        h, bm = int(rng.choice([1, 2, 4, 16])), int(rng.choice([16, 32, 64, 128]))
+        qsl = [0] + np.cumsum(ql).tolist()
+        want = plan_row_blocks(qsl, sl.tolist(), h, bm, range(n))
+        got = _row_blocks(ql.astype(np.int64), sl.astype(np.int64), h, bm)
+        assert [g.tolist() for g in got] == [list(w) for w in want]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_plan_in_place_shared_buffers(cache, backend):
+    """An engine may keep a decode-only step's block table / seq lens in the indexer's shared
+    decode buffers (no copy); rows equal the copied step's."""
+    ix = ni.Indexer(_config(), backend=backend)
+    s = _step([2, 2, 2], [300, 2500, 2950], 3, width=24, seed=9)
+    q = _queries(6)
+    out = torch.full((6, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, ix.plan(s), out)
+    nd, w = 3, s.block_table.shape[1]
+    ix.decode_block_table.fill_(-1)
+    ix.decode_block_table[:nd, :w] = s.block_table
+    ix.decode_seq_lens[:nd] = s.seq_lens
+    inplace = ni.StepMetadata(s.query_start_loc, s.query_start_loc_cpu,
+                              ix.decode_seq_lens[:nd], s.seq_lens_cpu,
+                              ix.decode_block_table[:nd], nd)
+    bt_ptr = ix.decode_block_table.data_ptr()
+    out2 = torch.full_like(out, POISON)
+    ix.forward(q, cache, ix.plan(inplace), out2)
+    assert ix.decode_block_table.data_ptr() == bt_ptr
+    assert torch.equal(out, out2)
+    assert torch.equal(out, _expected(q, cache, s, nd, 2))

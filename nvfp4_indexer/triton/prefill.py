@@ -132,8 +132,9 @@ def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, 
 
 
 def _num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
-    ns = min(triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_blocks, 1)),
-             triton.cdiv(max(max_pages, 1), MIN_PAGES_PER_SPLIT), MAX_SPLITS)
+    # -(-a // b): ceil division in plain Python (triton.cdiv's wrapper costs host time)
+    ns = min(-(-PROGRAMS_PER_SM * num_sms // max(num_blocks, 1)),
+             -(-max(max_pages, 1) // MIN_PAGES_PER_SPLIT), MAX_SPLITS)
     return max(ns, 1)
 
 
