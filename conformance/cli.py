@@ -45,6 +45,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
 
 
+def _seed(text: str) -> int:
+    """argparse type of ``--seed``: a non-negative integer (numpy's generators need one)."""
+    try:
+        val = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    if val < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {val}")
+    return val
+
+
 def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
     """The harness's parser; ``prog`` names it in usage lines (``nvfp4-indexer conformance``
     or ``nvfp4-indexer`` when mounted, so that ``golden`` reads ``nvfp4-indexer golden``)."""
@@ -65,7 +76,7 @@ def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
                       help="GPU sizes: contexts up to 128K tokens, batches up to 64")
     prof.add_argument("--profile", dest="profile", choices=("smoke", "default", "full"))
     run.set_defaults(profile="default")
-    run.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    run.add_argument("--seed", type=_seed, default=0, help="run seed (default 0)")
     run.add_argument("--checks", default=None,
                      help="comma-separated checks to run (default: all; see 'list')")
     run.add_argument("--case", default=None, metavar="GLOB",
@@ -88,7 +99,7 @@ def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
     gsub = gold.add_subparsers(dest="golden_command", required=True)
     gw = gsub.add_parser("write", help="write a golden set (reference outputs)")
     gw.add_argument("dir", help="output directory (e.g. conformance/golden/v1)")
-    gw.add_argument("--seed", type=int, default=None, help="generator seed")
+    gw.add_argument("--seed", type=_seed, default=None, help="generator seed")
     gw.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     gw.add_argument("--force", action="store_true",
                     help="replace the files of an existing, non-empty DIR")

@@ -264,6 +264,14 @@ class ContextParallelDecodeWrapper:
                 block_table.stride() != self.block_table.stride():
             self.block_table[:, :block_table.shape[1]].copy_(block_table)
 
+    def buffer_bytes(self) -> int:
+        """Device bytes this wrapper allocated itself: exchange buffers and runner scratch."""
+        bufs = [getattr(self, n, None) for n in ("_q_send", "_q_recv", "_q_all", "_cand_send",
+                                                 "_cand_recv")]
+        if self._runner is not None:
+            bufs += [getattr(self._runner, "scratch", None), getattr(self._runner, "win", None)]
+        return sum(t.numel() * t.element_size() for t in bufs if isinstance(t, torch.Tensor))
+
     def plan_from_host(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
                        query_len: int) -> None:
         """``plan`` for metadata already validated on host copies (``engine.Indexer.plan``):
@@ -328,6 +336,14 @@ class ContextParallelDecodeWrapper:
         v.check_out(out, rows, hr, TOPK, dev)
         if rows == 0:
             return out
+        if cache.shape[0] == 0:  # same shapes on every rank: all ranks raise together
+            v.fail("cache", "at least one block", "an empty cache (0 blocks)")
+        if self._runner is None:  # reference (syncs): every rank checks the whole table, so
+            # all raise together before any collective (the Triton kernels clamp instead)
+            from .reference.paging import history_pages
+            v.check_block_table_values(self.block_table,
+                                       history_pages(self.seq_lens.to(torch.long)),
+                                       cache.shape[0], name="block_table_buffer")
         if self.block_table.shape[1] == 0:  # every request is padding (SPEC 5)
             out.fill_(-1)
             out[..., 0] = 0

@@ -85,7 +85,8 @@ class IndexerConfig:
         cudagraph_batch_sizes: padded decode batch sizes the engine captures (ints >= 1).
         device: where the buffers live (default: torch's current default device).
         context_parallel_group: a ``torch.distributed`` group for decode context parallelism
-            (SPEC 8.2); not implemented yet (``Indexer`` raises NotImplementedError).
+            (SPEC 8.2; ``Indexer`` builds one ``ContextParallelDecodeWrapper`` per (padded
+            batch size, Q), exchanging candidates by all-gather).
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
@@ -148,6 +149,9 @@ class IndexerConfig:
                 torch.get_default_device()
         except (RuntimeError, TypeError) as e:
             v.fail("device", "a torch device", f"{self.device!r} ({e})")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            v.fail("device", "a device this torch build can use (no CUDA device is available)",
+                   repr(self.device))
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         object.__setattr__(self, "device", dev)
@@ -182,7 +186,8 @@ class StepMetadata:
         query_start_loc_cpu: its host copy (int32 / int64, CPU).
         seq_lens: int32 ``[R]`` on the device: context + this step's tokens.
         seq_lens_cpu: host copy (int32 / int64, CPU), exact or an upper bound (it may only
-            over-size plans; the kernels use ``min(seq_lens, seq_lens_cpu)``).
+            over-size plans): prefill chunks are planned and clamped to it; decode rows use
+            the device ``seq_lens`` (clamped by the kernels to the block-table width).
         block_table: int32 ``[R, W]`` on the device, unit stride in the last dim.
         num_decodes: requests ``0 .. num_decodes - 1`` are decode requests (one query length Q,
             or 0 for requests that pad a CUDA-graph batch, at the end, with seq len 0, only in
@@ -270,7 +275,7 @@ def plan_prefill_chunks(query_start_loc: list[int], seq_lens: list[int], budget:
     return chunks
 
 
-@dataclass
+@dataclass(frozen=True)
 class IndexerMetadata:
     """What ``Indexer.plan`` produced for one step (valid until the next ``plan()``).
 
@@ -402,6 +407,15 @@ class Indexer:
         dev = c.device
         self.device = dev
         self.backend = v.check_backend(backend, dev)
+        if c.context_parallel_group is not None and self.backend == "triton":
+            import torch.distributed as dist
+            world = dist.get_world_size(c.context_parallel_group) \
+                if dist.is_available() and dist.is_initialized() else 1
+            if c.num_heads * world * c.max_decode_query_len > 64:
+                raise NotImplementedError(
+                    f"context_parallel_group: the Triton context-parallel decoder scores "
+                    f"num_heads * group size * max_decode_query_len <= 64 rows per request, "
+                    f"got {c.num_heads} * {world} * {c.max_decode_query_len}")
         self._generation = 0
         self.workspace = torch.empty((c.gather_pages, PAGE_SIZE, HEAD_DIM),
                                      dtype=torch.float8_e4m3fn, device=dev)
@@ -444,8 +458,10 @@ class Indexer:
     def memory_bytes(self) -> dict[str, int]:
         """Device (and pinned host) memory the indexer holds, in bytes, by buffer:
         ``workspace``, ``score_scratch``, ``decode_buffers`` (shared block table / seq lens),
-        ``staging_device``, ``staging_pinned_host`` and ``total_device``. Wrapper-private
-        allocations (none today) would add to it; the FP8 workspace dominates at long contexts.
+        ``staging_device``, ``staging_pinned_host``, ``decoders`` (the exchange buffers and
+        scratch of context-parallel decoders created so far: they are allocated at the first
+        use of a (padded batch size, Q); 0 without ``context_parallel_group``) and
+        ``total_device``. The FP8 workspace dominates at long contexts.
         """
         nb = lambda t: t.numel() * t.element_size()  # noqa: E731
         d = {"workspace": nb(self.workspace), "score_scratch": nb(self.score_buffer),
@@ -453,8 +469,10 @@ class Indexer:
         pinned = self.device.type == "cuda"
         d["staging_device"] = sum(nb(s.dev) for s in self._staging) if pinned else 0
         d["staging_pinned_host"] = sum(nb(s.host) for s in self._staging) if pinned else 0
+        d["decoders"] = sum(dec.buffer_bytes() for dec in self.decoders.values()
+                            if hasattr(dec, "buffer_bytes"))
         d["total_device"] = (d["workspace"] + d["score_scratch"] + d["decode_buffers"]
-                             + d["staging_device"])
+                             + d["staging_device"] + d["decoders"])
         return d
 
     # -- decode wrappers ------------------------------------------------------------------
@@ -684,8 +702,9 @@ class Indexer:
         Returns:
             ``IndexerMetadata``, valid until the next ``plan()``.
         Raises:
-            TypeError / ValueError: bad step metadata (nothing is written or copied).
-            NotImplementedError: context parallelism (see ``Indexer``).
+            TypeError / ValueError: bad step metadata (nothing is written or copied); with
+            ``context_parallel_group``, the first use of a (num_decodes, Q) is collective
+            and raises on every rank when the ranks disagree.
         """
         nd, q, qsl, sl = self._check_step(step)
         c = self.config
@@ -808,6 +827,10 @@ class Indexer:
         for name, t in (("index_q", index_q), ("out", out)):
             if t.shape[0] < rows:
                 v.fail(name, f"at least {rows} rows (the step's)", f"shape {tuple(t.shape)}")
+        if rows and cache.shape[0] == 0:
+            v.fail("cache", "at least one block", "an empty cache (0 blocks)")
+        if self.backend != "triton":  # reference: every page the step reads is in the cache
+            self._check_block_ids(metadata, cache.shape[0])
         nr = metadata.num_decode_rows
         if nr:
             metadata.decoder.run(index_q[:nr], cache, out[:nr])
@@ -821,6 +844,20 @@ class Indexer:
         return out
 
     __call__ = forward
+
+    @staticmethod
+    def _check_block_ids(md: "IndexerMetadata", num_blocks: int) -> None:
+        """Reference backend (syncs): block ids of every page the step's requests read lie in
+        the cache (SPEC 10), checked before any row is written."""
+        from .reference.paging import history_pages
+        if md.decoder is not None:
+            d = md.decoder
+            v.check_block_table_values(d.block_table, history_pages(d.seq_lens.to(torch.long)),
+                                       num_blocks, name="block_table")
+        for ch in md.prefill_chunks:
+            v.check_block_table_values(ch.dev["block_table"],
+                                       history_pages(ch.dev["seq"].to(torch.long)), num_blocks,
+                                       name="block_table")
 
     def _triton_chunk(self, q, cache, ch, md, out) -> None:
         from .triton.gather import gather_into

@@ -211,6 +211,23 @@ def engine_steps(rank, world, group, device):
         assert torch.equal(got, want), f"rank {rank}: Indexer rows differ from one process"
         end = nd * 2 if nd == len(seqs) else int(qsl[-1])  # padding requests: Q rows each
         assert (got[end:] == POISON).all() and (got[:end] != POISON).all()
+    assert cp.memory_bytes()["decoders"] > 0  # the context-parallel exchange buffers
+    # a block id past the cache raises on every rank before any write (no one-sided hang)
+    q_lens, seqs, nd = steps[1]
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    sl = torch.tensor(seqs, dtype=torch.int32)
+    bad = bt.clone()
+    bad[0, 4] = 10 ** 6
+    step = ni.StepMetadata(qsl.to(device), qsl, sl.to(device), sl, bad.to(device), nd)
+    got = torch.full((40, heads, 16), POISON, dtype=torch.int32, device=device)
+    _expect_raise(lambda: cp.forward(own, cache, cp.plan(step), got), ValueError, "block_table")
+    assert (got == POISON).all()
+    if os.environ.get("TRITON_INTERPRET") != "1":  # CPU tensors need the interpreter
+        return
+    # the Triton decoder's row limit is refused at construction, on every rank
+    _expect_raise(lambda: ni.Indexer(ni.IndexerConfig(**dict(cfg, num_heads=8, max_decode_query_len=
+                  8), context_parallel_group=group), backend="triton"), NotImplementedError,
+                  "context_parallel_group")
 
 
 def _worker(rank, world, store_path, scenarios, device_kind):

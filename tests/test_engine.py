@@ -286,6 +286,36 @@ def test_forward_bad_shapes(cache):
     assert bool((out == POISON).all())
 
 
+def test_forward_refuses_bad_caches_and_metadata_before_writing(cache):
+    """Review findings (SPEC 10): an empty cache is refused by name on both backends; on the
+    reference backend a prefill block id outside the cache raises before the decode rows are
+    written; the plan's metadata cannot be edited (it sizes what forward writes)."""
+    import dataclasses
+    for backend in ("reference", "triton"):
+        ix = ni.Indexer(_config(), backend=backend)
+        md = ix.plan(_step([2, 2, 9], [300, 2500, 2900], 2))
+        out = torch.full((13, H, 16), POISON, dtype=torch.int32)
+        with pytest.raises(ValueError, match="cache"):
+            ix.forward(_queries(13), ni.new_index_cache(0), md, out)
+        assert bool((out == POISON).all())
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            md.num_rows = 4
+    ix = ni.Indexer(_config(), backend="reference")
+    step = _step([2, 2, 9], [300, 2500, 2900], 2)
+    step.block_table[2, 5] = 10 ** 6  # a prefill page past the cache
+    md = ix.plan(step)
+    out = torch.full((13, H, 16), POISON, dtype=torch.int32)
+    with pytest.raises(ValueError, match="block_table"):
+        ix.forward(_queries(13), cache, md, out)
+    assert bool((out == POISON).all())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA devices")
+def test_config_cuda_device_without_cuda_names_the_device():
+    with pytest.raises(ValueError, match="device"):
+        _config(device="cuda")
+
+
 # ------------------------------------------------------------------------------ vLLM
 
 def test_from_vllm_reads_fields_by_name(cache):

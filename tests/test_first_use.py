@@ -212,3 +212,17 @@ def test_benchmarks_plot_failure_exits_nonzero(capsys, monkeypatch, tmp_path):
     assert rc == 1 and "error: roofline.png not written: RuntimeError: no backend" in cap.err
     wrote = next(line for line in cap.out.splitlines() if "wrote" in line)
     assert "Error" not in wrote and (tmp_path / "tables.md").exists()
+
+
+def test_conformance_negative_seed_is_a_usage_error(capsys, tmp_path):
+    """``--seed -1`` is refused by the parser in one line (exit 2), before any work: no
+    traceback, no folder left behind by ``golden write``."""
+    from conformance.cli import main
+    for argv in (["run", "--seed", "-1"], ["golden", "write", str(tmp_path / "g"), "--seed",
+                                           "-1"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--seed" in err and "non-negative" in err and "Traceback" not in err
+    assert not (tmp_path / "g").exists()

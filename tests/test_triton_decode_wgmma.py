@@ -227,3 +227,20 @@ def test_wgmma_scorer_compiles_offline_for_sm90():
         assert " 0 B local" in ln and "16 wgmma" in ln, ln
         if "N 64" not in ln:
             assert regs <= 128, ln
+
+
+@pytest.mark.parametrize("dequant", ["lut", "triton"])
+def test_decode_runner_refuses_an_empty_cache(dequant):
+    """Block ids are clamped into the cache (SPEC 10), so an empty cache is refused by name
+    before any launch (it crashed the interpreter)."""
+    if HAS_CUDA:
+        pytest.skip("CPU runner (interpreter)")
+    runner = DECODE.DecodeRunner(1, 1, 20, 1, DEV, dequant=dequant, dot="fp32")
+    q = random_q(1, 1, seed=1)
+    bt = torch.zeros((1, 20), dtype=torch.int32)
+    sl = torch.tensor([2500], dtype=torch.int32)
+    big, out = poisoned_out(1, 1)
+    with pytest.raises(ValueError, match="cache"):
+        runner.run(q, ref.new_index_cache(0), bt, sl, out)
+    assert_guards(big)
+    assert bool((out == -7).all())

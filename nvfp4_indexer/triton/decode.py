@@ -512,6 +512,8 @@ class DecodeRunner:
         row or the cache (SPEC 10). Returns ``out``.
         """
         b, q, h = self.num_reqs, self.query_len, self.num_heads
+        if cache.shape[0] == 0:  # block ids are clamped into the cache: it needs a block
+            raise ValueError("cache: expected at least one block, got an empty cache")
         if tuple(index_q.shape) != (b * q, h, HEAD_DIM) or tuple(out.shape) != (b * q, h, TOPK) \
                 or tuple(block_table.shape) != (b, self.width) or seq_lens.shape[0] != b:
             raise ValueError(
