@@ -453,17 +453,9 @@ class DecodeIndexerWrapper:
         num_blocks = v.check_int("num_blocks", num_blocks, lo=0, optional=True)
         if num_blocks is None:
             num_blocks = self.num_blocks
-        if self.query_len is not None and query_len != self.query_len:
-            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
-        v.check_tensor("block_table", block_table, dtypes=(torch.int32,), shape=(b, None),
-                       device=dev)
-        if block_table.shape[1] > w:
-            v.fail("block_table", f"at most {w} columns (block_table_buffer width)",
-                   f"shape {tuple(block_table.shape)}")
-        v.check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(b,), device=dev)
-        # Validate before copying (SPEC 10: nothing is written on bad input), against the width
-        # the caller gave (columns past it are never read).
-        v.check_decode_values(block_table, seq_lens, query_len, num_blocks)
+        # Validate before copying (SPEC 10: nothing is written on bad input).
+        v.check_decode_plan(self.block_table, block_table, seq_lens, query_len, self.query_len,
+                            num_blocks)
         # Build (and, for graphs, compile) the Triton runner before touching any buffer: an
         # unsupported shape (Q * H > 64) raises here with the caller's buffers intact.
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:

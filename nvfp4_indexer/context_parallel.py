@@ -297,18 +297,9 @@ class ContextParallelDecodeWrapper:
             self.block_table[:, :cols].copy_(block_table[:, :cols], non_blocking=True)
 
     def _check_plan(self, block_table, seq_lens, query_len, num_blocks) -> None:
-        dev = self.block_table.device
-        b, w = self.block_table.shape
-        v.check_query_len(query_len)
-        if self.query_len is not None and query_len != self.query_len:
-            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
-        v.check_tensor("block_table", block_table, dtypes=(torch.int32,), shape=(b, None),
-                       device=dev)
-        if block_table.shape[1] > w:
-            v.fail("block_table", f"at most {w} columns (block_table_buffer width)",
-                   f"shape {tuple(block_table.shape)}")
-        v.check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(b,), device=dev)
-        v.check_decode_values(block_table, seq_lens, query_len, num_blocks)
+        query_len = v.check_query_len(query_len)
+        v.check_decode_plan(self.block_table, block_table, seq_lens, query_len, self.query_len,
+                            num_blocks)
 
     def run(self, index_q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Select pages for this rank's heads of the planned batch into ``out`` (collective;

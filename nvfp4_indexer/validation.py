@@ -223,6 +223,24 @@ def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int |
     check_block_table(block_table, seq_lens, num_blocks)
 
 
+def check_decode_plan(buffer: torch.Tensor, block_table, seq_lens, query_len: int,
+                      planned_query_len: int | None, num_blocks: int | None) -> None:
+    """A decode wrapper's ``plan()`` metadata against its persistent ``block_table`` buffer
+    ``[B, W]`` (SPEC 6, 10): Q fixed once planned, int32 ``block_table [B, W' <= W]`` and
+    ``seq_lens [B]`` on the buffer's device, then the value ranges (syncs)."""
+    dev = buffer.device
+    b, w = buffer.shape
+    if planned_query_len is not None and query_len != planned_query_len:
+        fail("query_len", f"{planned_query_len} (one wrapper per query length)", query_len)
+    check_tensor("block_table", block_table, dtypes=(torch.int32,), shape=(b, None), device=dev)
+    if block_table.shape[1] > w:
+        fail("block_table", f"at most {w} columns (block_table_buffer width)",
+             f"shape {tuple(block_table.shape)}")
+    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), shape=(b,), device=dev)
+    # against the width the caller gave (columns past it are never read)
+    check_decode_values(block_table, seq_lens, query_len, num_blocks)
+
+
 def check_prefill_values(block_table, cu_seqlens_q, seq_lens, num_rows: int,
                          num_blocks: int) -> None:
     """SPEC 7: cu_seqlens_q from 0 to Tp, increasing (q_len >= 1); q_len <= seq_len per
