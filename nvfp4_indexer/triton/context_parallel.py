@@ -37,6 +37,7 @@ from .decode import (
     SCORE_ERROR_BITS,
     _decode_score_kernel,
     _num_sms,
+    _window_elems,
     block_rows,
     default_dequant,
 )
@@ -213,9 +214,10 @@ class ContextParallelRunner:
         elif portable_default(self.device):  # interpreter: one program per request
             self.reduce_rows = triton.next_power_of_2(query_len * heads)
             self.merge_rows = triton.next_power_of_2(query_len * num_heads)
+        # the decode runner's scratch shapes (candidates always: the exchange needs them)
         self.scratch = torch.empty(num_reqs * self.block_m * self.num_splits * self.keep,
                                    dtype=torch.int64, device=self.device)
-        nw = 0 if window == 1 else num_reqs * self.num_splits * 2 * window * self.block_m
+        nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
         self.win = torch.empty(max(nw, 1), dtype=torch.float32, device=self.device)
         if warmup is None:
             warmup = self.device.type == "cuda"
