@@ -52,12 +52,11 @@ def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, Q: gl.const
 
 
 @gluon.jit
-def _dequant_half(codes, sb, tbl_ptr, A_L: gl.constexpr):
+def _dequant_half(codes, s, row, A_L: gl.constexpr):
     """fp16 A operand [128 tokens, 64 columns] of one half page: the groups 2j + g' of one g'
-    (``codes`` int64 [128, 4], ``sb`` their scale bytes); column c' = 32pl + 16ph + 8w + 2j + e
-    holds dim ``phys_dim(64 g' + c')`` (output pair p = 2ph + pl of word w, half e)."""
-    s = sb.to(gl.int32)
-    row = gl.load(tbl_ptr + s)  # the scale's magnitude bytes (L1-resident 2 KB table)
+    (``codes`` int64 [128, 4], ``s`` their scale bytes as int32, ``row`` their table entries);
+    column c' = 32pl + 16ph + 8w + 2j + e holds dim ``phys_dim(64 g' + c')`` (output pair
+    p = 2ph + pl of word w, half e)."""
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
         _ASM, _CONSTRAINTS, [codes, row, s],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
@@ -119,7 +118,12 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
                                        num_blocks, page_stride8, off64, sc_off)
             c_lo, c_hi = gl.split(codes)
             s_lo, s_hi = gl.split(sb)
-            acc = warpgroup_mma(_dequant_half(c_lo, s_lo, tbl_ptr, A_L), q_lo, zero,
+            s_lo = s_lo.to(gl.int32)
+            s_hi = s_hi.to(gl.int32)
+            # both halves' table entries (L1-resident 2 KB table) before the first lookup
+            r_lo = gl.load(tbl_ptr + s_lo)
+            r_hi = gl.load(tbl_ptr + s_hi)
+            acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L), q_lo, zero,
                                 use_acc=False)
-            acc = warpgroup_mma(_dequant_half(c_hi, s_hi, tbl_ptr, A_L), q_hi, acc)
+            acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L), q_hi, acc)
             gl.store(out_base + j + out_off, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
