@@ -7,7 +7,7 @@ Run (one H200, about 2-4 minutes)::
 
 Steps (progress is printed and flushed as it goes; a compact table comes last):
 
-1. Operands: ``scoring.nvfp4_dequant_ptx`` in modes "ptx" / "ptx_arith" on two pages that
+1. Operands: ``ptx.nvfp4_dequant_ptx`` in modes "ptx" / "ptx_arith" on two pages that
    hold all 16 x 256 (code, scale byte) pairs in every nibble position, against the reference
    dequant_e4m3 table (SPEC 1.4), bit for bit (NaN positions exactly).
 2. Decode correctness on a small adversarial batch (B=8, Q=8, H=4; pages with NaN scale
@@ -71,13 +71,13 @@ Q_LEN, HEADS = 8, 4
 # ----------------------------------------------------------------------------- 1. operands
 
 def operand_kernel():
-    """A Triton kernel: page ``pid``'s keys through ``scoring.nvfp4_dequant_ptx`` exactly as
+    """A Triton kernel: page ``pid``'s keys through ``ptx.nvfp4_dequant_ptx`` exactly as
     the decode kernel calls it (uint16 code pairs, fp16 group scales), stored fp16 [128, 128].
     Defined on call (it needs the GPU backend)."""
     import triton
     import triton.language as tl
 
-    from nvfp4_indexer.triton import scoring
+    from nvfp4_indexer.triton import ptx
 
     @triton.jit
     def kernel(cache_ptr, out_ptr, DEQUANT: tl.constexpr):
@@ -89,7 +89,7 @@ def operand_kernel():
         sb = tl.load(page + 8192 + t * 8 + tl.arange(0, 8)[None, :])
         s8 = sb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         s = tl.reshape(tl.broadcast_to(s8[:, :, None], (128, 8, 4)), (128, 32))
-        k0, k1, k2, k3 = scoring.nvfp4_dequant_ptx(codes, s, DEQUANT)
+        k0, k1, k2, k3 = ptx.nvfp4_dequant_ptx(codes, s, DEQUANT)
         base = out_ptr + pid * 128 * 128 + t * 128 + 4 * tl.arange(0, 32)[None, :]
         tl.store(base, k0)
         tl.store(base + 1, k1)

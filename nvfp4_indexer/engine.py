@@ -864,7 +864,7 @@ class Indexer:
         from .triton.numerics import device_guard, portable_default
         from .triton.prefill import (TOKENS_ON_N_DOTS, _prefill_merge_kernel,
                                      _prefill_score_kernel)
-        from .triton.scoring import resolve_dot
+        from .triton.dot_modes import resolve_dot
         from .triton.topk import merge_config
         import triton
         d, L = ch.dev, ch.launch

@@ -1,5 +1,5 @@
 """Inline-PTX NVFP4 dequantization of the Triton decode kernel (``DEQUANT="ptx"`` /
-``"ptx_arith"``, ``scoring.nvfp4_dequant_ptx``) against SPEC 1.4.
+``"ptx_arith"``, ``ptx.dequant_f16_cvt`` / ``ptx.dequant_f16_arith``) against SPEC 1.4.
 
 - CPU: a small PTX interpreter (numpy, the PTX ISA semantics of each instruction used) runs
   the exact asm strings the kernel embeds on all 16 x 256 (code, scale byte) pairs in every
@@ -7,10 +7,12 @@
   equal dequant_e4m3 (``reference.dequant_table``) widened to fp16, bit for bit (NaN where
   the reference byte is NaN). This checks the bit tricks, permute selectors, LOP3 tables and
   the rounding arithmetic; it cannot check Triton's packing order or the hardware itself.
-- CPU: the same for the gather's asm (``scoring._DEQUANT_E4M3_BYTES_PTX``, E4M3 bytes packed
+- CPU: the same for the gather's asm (``ptx.DEQUANT_E4M3_BYTES_PTX``, E4M3 bytes packed
   in uint32 words), byte for byte against the table, under every model of the hardware's NaN
   results (sign and payload of NaN products, sign kept or dropped by the E4M3 cvt), so a NaN
   scale gives 0x7F whatever the GPU does; wrong variants of the asm must fail.
+- CPU (interpreter): the plain-Triton twins of the asm blocks (``ptx.dequant_f16_portable``,
+  ``ptx.dequant_e4m3_bytes_portable``) against the same table on all 16 x 256 pairs.
 - CPU: the decode kernel compiles offline for SM90 with each dequant mode (Triton's bundled
   ptxas; no GPU) with wgmma MMAs, no conversion instructions in "ptx_arith", and the
   interpreter path ("fp32", DEQUANT "triton") still matches the reference.
@@ -31,6 +33,11 @@ import torch
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from nvfp4_indexer.triton import ptx  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +154,7 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray], *, nan_f16: str = "propag
         return regs[tok]
 
     for line in asm.splitlines():
-        line = line.strip().rstrip(";")
+        line = line.split("//")[0].strip().rstrip(";")  # the blocks comment every line
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, rest = line.split(None, 1)
@@ -194,10 +201,10 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray], *, nan_f16: str = "propag
     return regs
 
 
-def _scoring_module():
-    """``nvfp4_indexer.triton.scoring`` (its asm strings are plain module constants)."""
-    from nvfp4_indexer.triton import scoring
-    return scoring
+def _ptx_module():
+    """``nvfp4_indexer.triton.ptx`` (its asm strings are plain module constants)."""
+    from nvfp4_indexer.triton import ptx
+    return ptx
 
 
 def _expected_f16_bits(codes, sbytes):
@@ -214,8 +221,9 @@ def _expected_f16_bits(codes, sbytes):
 def test_ptx_dequant_strings_bit_exact_all_pairs(mode):
     """Every output half of the asm equals dequant_e4m3 widened to fp16 for all 16 x 256
     (code, scale byte) pairs in each of the four nibble positions of both packed elements."""
-    sc = _scoring_module()
-    asm = str(sc._DEQUANT_PTX_ARITH.value if mode == "ptx_arith" else sc._DEQUANT_PTX.value)
+    sc = _ptx_module()
+    asm = str(sc.DEQUANT_F16_ARITH_PTX.value if mode == "ptx_arith"
+              else sc.DEQUANT_F16_CVT_PTX.value)
     code = np.arange(16, dtype=np.uint32)[:, None].repeat(256, 1).ravel()  # 4096 pairs
     s_a = np.arange(256, dtype=np.uint32)[None, :].repeat(16, 0).ravel()
     s_b = (s_a * 37 + 11) % 256  # element 1 gets a different scale byte
@@ -278,12 +286,12 @@ def _check_bytes_asm(asm: str, rot: int, nan_f16: str, cvt_nan: str, scales16=No
 @pytest.mark.parametrize("nan_f16", NAN_F16_MODELS)
 @pytest.mark.parametrize("cvt_nan", CVT_NAN_MODELS)
 def test_ptx_dequant_bytes_string_bit_exact_all_pairs(nan_f16, cvt_nan):
-    """``_DEQUANT_E4M3_BYTES_PTX`` (the gather's asm, run as the kernel embeds it): byte j of
+    """``DEQUANT_E4M3_BYTES_PTX`` (the gather's asm, run as the kernel embeds it): byte j of
     output $e is dequant_e4m3 (``reference.dequant_table``) of nibble 4e + j of the packed code
     word with element e's scale, for all 16 x 256 (code, scale byte) pairs in every nibble
     position, different scales in the two elements. NaN scales (0x7F, 0xFF) must give 0x7F
     and code 8 / negative scales follow IEEE signs, under every NaN model of the hardware."""
-    asm = str(_scoring_module()._DEQUANT_E4M3_BYTES_PTX.value)
+    asm = str(_ptx_module().DEQUANT_E4M3_BYTES_PTX.value)
     for rot in range(4):
         _check_bytes_asm(asm, rot, nan_f16, cvt_nan)
 
@@ -291,7 +299,7 @@ def test_ptx_dequant_bytes_string_bit_exact_all_pairs(nan_f16, cvt_nan):
 def test_ptx_dequant_bytes_any_nan_scale_encoding():
     """The GPU's E4M3 -> fp16 widening may produce other NaN patterns than ml_dtypes: every
     NaN scale half (0x7FFF, 0xFFFF, 0xFE00 or the signalling 0x7C01) still gives 0x7F."""
-    asm = str(_scoring_module()._DEQUANT_E4M3_BYTES_PTX.value)
+    asm = str(_ptx_module().DEQUANT_E4M3_BYTES_PTX.value)
     _, _, _, s16, _ = _bytes_asm_case(0)
     for pattern in (0x7FFF, 0xFFFF, 0x7C01, 0xFE00):
         halves = []
@@ -307,7 +315,7 @@ def test_ptx_dequant_bytes_any_nan_scale_encoding():
 def test_ptx_bytes_interpreter_catches_wrong_asm(wrong):
     """The byte-exact check is not vacuous: swapped nibbles, a swapped element scale, a
     missing NaN sign fix (under a sign-keeping cvt) and a swapped 16-bit pack all fail."""
-    asm = str(_scoring_module()._DEQUANT_E4M3_BYTES_PTX.value)
+    asm = str(_ptx_module().DEQUANT_E4M3_BYTES_PTX.value)
     bad = {"nibble order": asm.replace("0xC480", "0x84C0"),
            "element scale": asm.replace("0x1010", "0x3232"),
            "no NaN fix": asm.replace("lop3.b32 $0, r0, n0, 0x80808080, 0x70",
@@ -321,17 +329,69 @@ def test_ptx_bytes_interpreter_catches_wrong_asm(wrong):
 def test_ptx_interpreter_catches_wrong_asm():
     """The interpreter is not vacuous: a wrong permute selector or a missing sign restore
     is caught."""
-    sc = _scoring_module()
+    sc = _ptx_module()
     code = np.arange(16, dtype=np.uint32)[:, None].repeat(256, 1).ravel()
     s = np.arange(256, dtype=np.uint32)[None, :].repeat(16, 0).ravel()
     s16 = _bits16(np.asarray(s, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16))
     word = (code * 0x11111111).astype(np.uint32)  # the same code in every nibble
     want, nan = _expected_f16_bits(code, s)
-    for bad_asm in (str(sc._DEQUANT_PTX.value).replace("0xA280", "0xA200", 1),
-                    str(sc._DEQUANT_PTX_ARITH.value).replace("0xD8", "0xF0", 1)):
+    for bad_asm in (str(sc.DEQUANT_F16_CVT_PTX.value).replace("0xA280", "0xA200", 1),
+                    str(sc.DEQUANT_F16_ARITH_PTX.value).replace("0xD8", "0xF0", 1)):
         regs = run_ptx(bad_asm, {"$4": word, "$5": _join(s16, s16)})
         lo = _halves(regs["$0"])[0]
         assert np.any((lo != want) & ~nan)
+
+
+# ------------------------------------------------------- plain-Triton twins (interpreter)
+
+def _twin_inputs(rot: int):
+    """Every (code, scale byte) pair as the asm blocks take them: uint16 code pairs (int32
+    tensor) and fp16 scales, element 2w + e = half e of ``_bytes_asm_case``'s word w; plus
+    the expected E4M3 bytes ``[elements, 4]`` (uint8 numpy)."""
+    _, _, word, s16, want = _bytes_asm_case(rot)
+    pairs = np.stack([word & 0xFFFF, word >> 16], 1).ravel()
+    scales = np.stack([s16 & 0xFFFF, s16 >> 16], 1).ravel().astype(np.uint16)
+    words = np.stack(want, 1).ravel()
+    expect = np.stack([(words >> (8 * j)) & 0xFF for j in range(4)], 1).astype(np.uint8)
+    return (torch.from_numpy(pairs.astype(np.int32)),
+            torch.from_numpy(scales.view(np.int16)).view(torch.float16), expect)
+
+
+@triton.jit
+def _twin_kernel(codes_ptr, scales_ptr, out_ptr, N: tl.constexpr, BYTES: tl.constexpr):
+    i = tl.arange(0, N)
+    c = tl.load(codes_ptr + i).to(tl.uint16)
+    s = tl.load(scales_ptr + i)
+    if BYTES:
+        tl.store(out_ptr + i, ptx.dequant_e4m3_bytes_portable(c, s).to(tl.int64))
+    else:
+        k0, k1, k2, k3 = ptx.dequant_f16_portable(c, s)
+        tl.store(out_ptr + 4 * i, k0.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
+        tl.store(out_ptr + 4 * i + 1, k1.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
+        tl.store(out_ptr + 4 * i + 2, k2.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
+        tl.store(out_ptr + 4 * i + 3, k3.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter check runs on CPU-only machines")
+@pytest.mark.parametrize("rot", [0, 3])
+def test_portable_twins_bit_exact_all_pairs(rot):
+    """``dequant_e4m3_bytes_portable`` gives the table's bytes and ``dequant_f16_portable``
+    their fp16 widening (NaN where the byte is NaN) for all 16 x 256 (code, scale byte)
+    pairs in every nibble position (over ``rot``), different scales per element."""
+    codes, scales, expect = _twin_inputs(rot)
+    n = codes.numel()
+    kernel = _twin_kernel
+    got = torch.full((n,), -7, dtype=torch.int64)
+    kernel[(1,)](codes, scales, got, N=n, BYTES=True)
+    want_words = sum(expect[:, j].astype(np.int64) << (8 * j) for j in range(4))
+    assert np.array_equal(got.numpy(), want_words)
+    got = torch.full((n * 4,), -7, dtype=torch.int64)
+    kernel[(1,)](codes, scales, got, N=n, BYTES=False)
+    f = expect.ravel().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    want_bits, nan = _bits16(f.astype(np.float16)), np.isnan(f)
+    got_bits = got.numpy().astype(np.uint32)
+    assert np.array_equal(np.isnan(_f16(got_bits)), nan)
+    assert np.array_equal(got_bits[~nan], want_bits[~nan])
 
 
 # ------------------------------------------------------------------ offline compile for SM90

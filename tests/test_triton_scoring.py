@@ -42,8 +42,8 @@ from nvfp4_indexer import reference as ref  # noqa: E402
 DEV = "cuda" if HAS_CUDA else "cpu"
 PAD_STRIDE = 9216 + 48  # a page stride with padding bytes (SPEC 2)
 GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)
-_MODULES = ("numerics", "dequantize", "gather", "topk", "scoring", "lut", "decode_wgmma", "decode",
-            "scores", "prefill")
+_MODULES = ("numerics", "dequantize", "layout", "dot_modes", "ptx", "operands", "topk", "scan",
+            "gather", "scoring", "lut", "decode_wgmma", "decode", "scores", "prefill")
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
@@ -66,8 +66,8 @@ empty_topk, pack_candidate, topk_insert = (TOPK_MOD.empty_topk, TOPK_MOD.pack_ca
                                            TOPK_MOD.topk_insert)
 store_candidates, load_candidates, write_selection = (
     TOPK_MOD.store_candidates, TOPK_MOD.load_candidates, TOPK_MOD.write_selection)
-nvfp4_page_operands = K["scoring"].nvfp4_page_operands
-BITS = DECODE.SCORE_ERROR_BITS["fp32" if not HAS_CUDA else K["scoring"].DEFAULT_GPU_DOT]
+nvfp4_page_operands = K["operands"].nvfp4_page_operands
+BITS = DECODE.SCORE_ERROR_BITS["fp32" if not HAS_CUDA else K["dot_modes"].DEFAULT_GPU_DOT]
 
 
 # ------------------------------------------------------------------------------- batch builder

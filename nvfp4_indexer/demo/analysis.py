@@ -119,7 +119,7 @@ def compare_with_reference(sel, q8, cache, bt, seq, cu) -> str:
     from conformance.checks import tie_aware_check
     from nvfp4_indexer.reference.scores import page_scores, row_positions
     from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
-    from nvfp4_indexer.triton.scoring import DEFAULT_GPU_DOT
+    from nvfp4_indexer.triton.dot_modes import DEFAULT_GPU_DOT
     exact, mag = page_scores(q8, cache, bt, seq, cu, with_magnitude=True)
     _, pos = row_positions(seq, cu)
     res = tie_aware_check(sel, exact, mag, torch.div(pos, PAGE_SIZE, rounding_mode="floor"),

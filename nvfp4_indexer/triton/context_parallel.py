@@ -27,12 +27,12 @@ import triton
 import triton.language as tl
 
 from ..constants import HEAD_DIM, TOPK
+from . import layout
 from .decode import (
     MAX_ROWS,
     MAX_SPLITS,
     MAXNREG,
     MIN_PAGES_PER_SPLIT,
-    PAGE,
     PROGRAMS_PER_SM,
     SCORE_ERROR_BITS,
     _decode_score_kernel,
@@ -41,8 +41,11 @@ from .decode import (
     block_rows,
     default_dequant,
 )
+from .dot_modes import resolve_dot
+from .layout import local_page
 from .numerics import device_guard, portable_default
-from .scoring import DEQUANT_MODES, resolve_dot
+from .ptx import DEQUANT_MODES
+from .scan import clamped_seq_len, decode_rows, out_offsets
 from .topk import EMPTY, TOPK_SLOTS, load_candidates, merge_config, write_selection
 from .topk import choose_window as topk_choose_window
 
@@ -86,24 +89,23 @@ def _cp_reduce_kernel(cand_ptr, seq_lens_ptr, send_ptr, num_rows, width, Q: tl.c
     i = m // H
     h = m % H
     row_ok = m < Q * H
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)  # SPEC 10 clamp
-    p = seq_len - Q + i
-    local = tl.where(p >= 0, p // PAGE, 0)
-    slot = tl.arange(0, 16)[None, :]
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)  # SPEC 10 clamp
+    local = local_page(seq_len - Q + i)
+    slot = tl.arange(0, layout.TOPK)[None, :]
     src = (b * BLOCK_M + m).to(tl.int64)
-    if NUM_SPLITS * KEEP <= 16:  # every candidate fits: copy (EMPTY-padded)
+    if NUM_SPLITS * KEEP <= layout.TOPK:  # every candidate fits: copy (EMPTY-padded)
         res = tl.load(cand_ptr + src[:, None] * (NUM_SPLITS * KEEP) + slot,
                       mask=row_ok[:, None] & (slot < NUM_SPLITS * KEEP), other=EMPTY)
     else:  # 16 rounds of max-and-remove, skipped when every row is short
         keys = load_candidates(cand_ptr, src, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
-        res = tl.full([ROWS, 16], EMPTY, tl.int64)
-        if tl.max(tl.where(row_ok, local, 0), 0) > 15:
-            for k in tl.static_range(16):
+        res = tl.full([ROWS, layout.TOPK], EMPTY, tl.int64)
+        if tl.max(tl.where(row_ok, local, 0), 0) > layout.HISTORY:
+            for k in tl.static_range(layout.TOPK):
                 best = tl.max(keys, 1)
                 res = tl.where(slot == k, best[:, None], res)
                 keys = tl.where(keys == best[:, None], EMPTY, keys)
     owner = h // H_R
-    dst = ((owner * num_rows + b * Q + i).to(tl.int64) * H_R + h % H_R) * 16
+    dst = ((owner * num_rows + b * Q + i).to(tl.int64) * H_R + h % H_R) * layout.TOPK
     tl.store(send_ptr + dst[:, None] + slot, res, mask=row_ok[:, None])
 
 
@@ -116,18 +118,14 @@ def _cp_merge_kernel(recv_ptr, src_stride, seq_lens_ptr, out_ptr, width, Q: tl.c
     ``recv_ptr + s * src_stride`` is rank s's int64 ``[B*Q, H_R, 16]`` block for this rank."""
     b = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    i = m // H_R
-    h = m % H_R
-    row_ok = m < Q * H_R
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)  # SPEC 10 clamp
-    p = seq_len - Q + i
-    local = tl.where(p >= 0, p // PAGE, 0)
-    row = (b * Q + i).to(tl.int64)
-    c = tl.arange(0, WORLD_PAD * 16)[None, :]
-    src = c // 16
-    ptr = recv_ptr + src.to(tl.int64) * src_stride + ((row * H_R + h) * 16)[:, None] + c % 16
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)  # SPEC 10 clamp
+    h, row_ok, local, row = decode_rows(b, m, seq_len, Q, H_R)
+    c = tl.arange(0, WORLD_PAD * layout.TOPK)[None, :]
+    src = c // layout.TOPK
+    ptr = recv_ptr + src.to(tl.int64) * src_stride + out_offsets(row, h, H_R)[:, None] \
+        + c % layout.TOPK
     keys = tl.load(ptr, mask=row_ok[:, None] & (src < WORLD), other=EMPTY)
-    write_selection(keys, local, out_ptr + (row * H_R + h) * 16, row_ok)
+    write_selection(keys, local, out_ptr + out_offsets(row, h, H_R), row_ok)
 
 
 class ContextParallelRunner:

@@ -76,32 +76,19 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
+from ..constants import HEAD_DIM, TOPK
 from ..validation import check_int, is_int
 from . import decode_wgmma
+from .dot_modes import resolve_dot
+from .layout import num_history_pages, scored_pages, split_range
 from .numerics import device_guard, portable_default
-from .scoring import (
-    DEQUANT_MODES,
-    load_q_pairs_t,
-    load_q_quads_t,
-    nvfp4_page_scores,
-    nvfp4_page_scores_ptx,
-    resolve_dot,
-)
-from .topk import (
-    choose_window as topk_choose_window,
-)
-from .topk import (
-    empty_topk,
-    insert_page,
-    keep_per_split,
-    load_candidates,
-    merge_config,
-    merge_window_strided,
-    store_candidates,
-    window_buffer,
-    write_selection,
-)
+from .operands import load_q_pairs_t, load_q_quads_t
+from .ptx import DEQUANT_MODES
+from .scan import (clamped_seq_len, decode_rows, finish_split, merge_splits, out_offsets,
+                   scan_pages)
+from .scoring import nvfp4_page_scores, nvfp4_page_scores_ptx
+from .topk import choose_window as topk_choose_window
+from .topk import keep_per_split, merge_config
 
 # Page-score modes (``decode_wgmma``): scores to a [B, N, W] scratch, then a select kernel.
 PAGE_SCORE_MODES = ("wgmma", "lut")
@@ -119,7 +106,6 @@ MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate d
 WGMMA_MIN_PAGES = 24576  # B * (W - 1) below this: the one-launch kernel (dequant "ptx")
 WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
 MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM (H200 lab: +6-8 %)
-PAGE = tl.constexpr(PAGE_SIZE)  # tokens per page, for the kernels
 _DEFAULT_NUM_SMS = 132  # used off CUDA (interpreter) and by score_buffer_size without a GPU
 
 
@@ -240,72 +226,42 @@ def _decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_str
     b = tl.program_id(0)
     split = tl.program_id(1)
     # SPEC 10: pages clamped to the block-table width, block ids into the cache
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
-    n_pages = tl.maximum(seq_len - 1, 0) // PAGE  # history of the last query
-    n_pages = tl.where(n_pages > 15, n_pages, 0)  # only short rows: nothing to score
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
+    n_pages = scored_pages(num_history_pages(seq_len))  # history of the last query
     n_sub = tl.maximum(n_pages - page_offset + page_step - 1, 0) // page_step
-    per = tl.cdiv(n_sub, NUM_SPLITS)
-    start = split * per
-    end = tl.minimum(start + per, n_sub)
+    start, end = split_range(n_sub, split, NUM_SPLITS)
 
     m = tl.arange(0, BLOCK_M)
-    i = m // H
-    h = m % H
-    row_ok = m < Q * H
-    p = seq_len - Q + i  # absolute position of query i
-    local = tl.where(p >= 0, p // PAGE, 0)  # padding rows (p < 0) select like L = 0
-    row = (b * Q + i).to(tl.int64)
+    h, row_ok, local, row = decode_rows(b, m, seq_len, Q, H)
     q_off = row * q_row_stride + h * q_head_stride
     if DEQUANT != "triton":
-        q0, q1, q2, q3 = load_q_quads_t(q_ptr, q_off, row_ok)
-        q_even, q_odd = q0, q1  # unused
+        q_ops = load_q_quads_t(q_ptr, q_off, row_ok)
     else:
-        q_even, q_odd = load_q_pairs_t(q_ptr, q_off, row_ok, DOT)
-        q0, q1, q2, q3 = q_even, q_odd, q_even, q_odd  # unused
-
-    # WINDOW == 1: each page's candidate goes straight into the running top-KEEP
-    # (``topk_insert``). WINDOW > 1: page scores go to this program's slice of the window
-    # buffer (fp32 [2, WINDOW, BLOCK_M], the halves alternate) and are merged into the running
-    # top-KEEP once per window (one barrier, ``topk_merge``). Loads are left to Triton's
-    # pipeliner (cp.async into shared memory).
-    top = empty_topk(BLOCK_M, KEEP)
+        q_ops = load_q_pairs_t(q_ptr, q_off, row_ok, DOT)
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
-    if WINDOW == 1:
-        for k in range(start, end):
-            j = page_offset + k * page_step
-            block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
-            score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
-                                 q_odd, DOT, DEQUANT)
-            top = insert_page(top, score, j, local)
-    else:
-        prog = b * NUM_SPLITS + split
-        for w0 in range(start, end, WINDOW):
-            w_end = tl.minimum(w0 + WINDOW, end)
-            buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
-            for k in range(w0, w_end):
-                block = tl.minimum(tl.maximum(tl.load(bt_row + page_offset + k * page_step), 0),
-                                   num_blocks - 1).to(tl.int64)
-                score = _page_scores(cache_ptr + block * page_stride, q0, q1, q2, q3, q_even,
-                                     q_odd, DOT, DEQUANT)
-                tl.store(buf + (k - w0) * BLOCK_M + m, score)
-            top = merge_window_strided(top, buf, w0, w_end, local, WINDOW, page_offset,
-                                       page_step)
+    top = scan_pages(start, end, local, (cache_ptr, page_stride, bt_row, num_blocks), q_ops,
+                     win_ptr, b * NUM_SPLITS + split, page_offset, page_step,
+                     _cache_page_scores, DOT, DEQUANT, BLOCK_M, KEEP, WINDOW)
 
     if PDL:  # pages done: the merge grid may launch (it waits for this grid to finish)
         gdc_launch_dependents()
-    if NUM_SPLITS == 1 and not CANDIDATES:
-        write_selection(top, local, out_ptr + (row * H + h) * 16, row_ok)
-    else:
-        store_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), top, split, NUM_SPLITS)
+    finish_split(top, local, out_ptr + out_offsets(row, h, H), row_ok, cand_ptr,
+                 (b * BLOCK_M + m).to(tl.int64), split, NUM_SPLITS, CANDIDATES)
 
 
 @triton.jit
-def _page_scores(page_ptr, q0, q1, q2, q3, q_even, q_odd, DOT: tl.constexpr,
-                 DEQUANT: tl.constexpr):
-    """fp32 ``[BLOCK_M]`` scores of one NVFP4 page with the query operands of ``DEQUANT``."""
+def _cache_page_scores(page_src, j, q_ops, DOT: tl.constexpr, DEQUANT: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of logical page j read in place from the paged cache
+    (``page_src = (cache_ptr, page_stride, block-table row, num_blocks)``; the block id is
+    clamped into the cache, SPEC 10) with the query operands ``q_ops`` of ``DEQUANT``."""
+    cache_ptr, page_stride, bt_row, num_blocks = page_src
+    block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
+    page_ptr = cache_ptr + block * page_stride
     if DEQUANT != "triton":
+        q0, q1, q2, q3 = q_ops
         return nvfp4_page_scores_ptx(page_ptr, q0, q1, q2, q3, DEQUANT)
     else:
+        q_even, q_odd = q_ops
         return nvfp4_page_scores(page_ptr, q_even, q_odd, DOT)
 
 
@@ -320,16 +276,10 @@ def _decode_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: tl.constexpr
         gdc_wait()
     b = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    i = m // H
-    h = m % H
-    row_ok = m < Q * H
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)  # as the score kernel
-    p = seq_len - Q + i
-    local = tl.where(p >= 0, p // PAGE, 0)
-    keys = load_candidates(cand_ptr, (b * BLOCK_M + m).to(tl.int64), row_ok, NUM_SPLITS,
-                           SPLITS_PAD, KEEP)
-    row = (b * Q + i).to(tl.int64)
-    write_selection(keys, local, out_ptr + (row * H + h) * 16, row_ok)
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)  # as the score kernel
+    h, row_ok, local, row = decode_rows(b, m, seq_len, Q, H)
+    merge_splits(cand_ptr, (b * BLOCK_M + m).to(tl.int64), row_ok, local,
+                 out_ptr + out_offsets(row, h, H), NUM_SPLITS, SPLITS_PAD, KEEP)
 
 
 class DecodeRunner:
@@ -342,7 +292,7 @@ class DecodeRunner:
             elements (with the same ``window`` / ``num_splits`` / ``programs_per_sm``
             overrides, if any; 8-byte aligned), shared with runners that never run
             concurrently.
-        dot: dot mode (``scoring.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
+        dot: dot mode (``dot_modes.DOT_MODES``): default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison (see SCORE_ERROR_BITS).
         num_splits: override NUM_SPLITS (tests / tuning): an int in 1..MAX_SPLITS.
         dequant: how a page is dequantized and scored (``DECODE_DEQUANT_MODES``; default

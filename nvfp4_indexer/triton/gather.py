@@ -6,7 +6,7 @@ Workspace page ``page_offsets[r] + j`` holds request r's logical page j, token-m
 Dequantization modes (the ``DEQUANT`` constexpr, ``gather_into(dequant=...)``):
 
 - "ptx" (GPU default, SM89+): code bytes read as uint16 pairs, one inline-PTX call
-  (``scoring.nvfp4_dequant_ptx_bytes``) turns 2 pairs (8 dims) into two uint32 words of
+  (``ptx.dequant_e4m3_bytes``) turns 2 pairs (8 dims) into two uint32 words of
   E4M3 bytes with f16x2 arithmetic and native conversions, stored through a uint32 view.
 - "triton": fp32 per value from Triton ops (``dequantize.dequant_code_tile``); the only mode
   under the interpreter / with ``PORTABLE`` (integer-bit E4M3 encoder).
@@ -23,7 +23,9 @@ from ..reference.paging import history_pages
 from ..validation import check_int
 from .dequantize import dequant_code_tile
 from .numerics import device_guard, interpreting, portable_default
-from .scoring import nvfp4_dequant_ptx_bytes
+from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, WS_PAGE,
+                     num_history_pages)
+from .ptx import dequant_e4m3_bytes
 
 DEQUANT_MODES = ("triton", "ptx")
 TOK_BLOCKS = (8, 16, 32, 64, 128)  # tokens per inner step (powers of two dividing 128)
@@ -52,13 +54,13 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
     (skipped when that lies outside ``[0, ws_pages)``), ``TOK_BLOCK`` tokens per step,
     dequantized per ``DEQUANT`` (module docstring). ``STREAM``: evict-first page loads and
     streaming (``.cs``) workspace stores (ptx mode)."""
-    PART: tl.constexpr = 128 // PAGE_PARTS
+    PART: tl.constexpr = PAGE // PAGE_PARTS
     r = tl.program_id(1)
     j = tl.program_id(0) // PAGE_PARTS
     tok0 = (tl.program_id(0) % PAGE_PARTS) * PART
     length = tl.load(len_ptr + r).to(tl.int64)
     if FROM_SEQ_LENS:
-        num_pages = tl.maximum(length - 1, 0) // 128  # history pages (SPEC 4, 7)
+        num_pages = num_history_pages(length)  # SPEC 4, 7
     else:
         num_pages = length
     num_pages = tl.minimum(num_pages, width)  # SPEC 10: never past the block-table row
@@ -67,19 +69,20 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
         block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j)
         block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)  # inside the cache
         page = cache_ptr + block * page_stride
-        out_page = ws_ptr + dst * (128 * 128)
+        out_page = ws_ptr + dst * WS_PAGE
         if DEQUANT == "ptx":
             # [tokens, group g, pair k]: uint16 code pair 4g + k = dims 16g + 4k .. + 3. The
             # group axis lets the [TOK_BLOCK, 8, 1] scales broadcast in registers; their load
             # is told contiguity 1 so it takes the codes' layout (vectorized, it would get
             # another layout and a shared-memory conversion every step: SM90 SASS).
-            g = tl.arange(0, 8)[None, :, None]
-            k = tl.arange(0, 4)[None, None, :]
+            g = tl.arange(0, GROUPS)[None, :, None]
+            k = tl.arange(0, 4)[None, None, :]  # code pairs per group
             for t0 in tl.static_range(0, PART, TOK_BLOCK):
                 tok = (tok0 + t0 + tl.arange(0, TOK_BLOCK))[:, None, None]
-                cptr = (page + tok * 64).to(tl.pointer_type(tl.uint16), bitcast=True) + g * 4 + k
-                sptr = page + 8192 + tok * 8 + tl.max_contiguous(g, [1, 1, 1])
-                optr = (out_page + tok * 128).to(tl.pointer_type(tl.uint32), bitcast=True) \
+                cptr = (page + tok * CODE_BYTES).to(tl.pointer_type(tl.uint16), bitcast=True) \
+                    + g * 4 + k
+                sptr = page + SCALES_OFFSET + tok * GROUPS + tl.max_contiguous(g, [1, 1, 1])
+                optr = (out_page + tok * HEAD).to(tl.pointer_type(tl.uint32), bitcast=True) \
                     + g * 4 + k
                 if STREAM:
                     codes = tl.load(cptr, eviction_policy="evict_first")
@@ -88,20 +91,20 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
                     codes = tl.load(cptr)
                     sbytes = tl.load(sptr)
                 s = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
-                out = nvfp4_dequant_ptx_bytes(codes, s)  # uint32: 4 E4M3 bytes, dim order
+                out = dequant_e4m3_bytes(codes, s)  # uint32: 4 E4M3 bytes, dim order
                 if STREAM:
                     tl.store(optr, out, cache_modifier=".cs")
                 else:
                     tl.store(optr, out)
         else:
-            i = tl.arange(0, 64)[None, :]
-            d = tl.arange(0, 128)[None, :]
+            i = tl.arange(0, CODE_BYTES)[None, :]
+            d = tl.arange(0, HEAD)[None, :]
             for t0 in tl.static_range(0, PART, TOK_BLOCK):
                 tok = (tok0 + t0 + tl.arange(0, TOK_BLOCK))[:, None]
-                code_bytes = tl.load(page + tok * 64 + i)
-                scale_bytes = tl.load(page + 8192 + tok * 8 + i // 8)
+                code_bytes = tl.load(page + tok * CODE_BYTES + i)
+                scale_bytes = tl.load(page + SCALES_OFFSET + tok * GROUPS + i // 8)
                 out = dequant_code_tile(code_bytes, scale_bytes, PORTABLE, False)
-                tl.store(out_page + tok * 128 + d, out)
+                tl.store(out_page + tok * HEAD + d, out)
 
 
 def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warps=None,

@@ -38,13 +38,14 @@ from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.prefill import plan_chunks
 from ..validation import check_int
 from .decode import MAX_SPLITS, _num_sms
+from .dot_modes import resolve_dot
 from .gather import gather_into
+from .layout import SHORT_MAX_LOCAL, WS_PAGE, scored_pages, split_range
 from .numerics import device_guard, portable_default
-from .scoring import (block_rows_info, fp8_page_scores, fp8_page_scores_n, load_q_rows, load_q_t,
-                      plan_row_blocks, resolve_dot)
-from .topk import (choose_window, empty_topk, insert_page, load_candidates, merge_config,
-                   merge_window, store_candidates, window_buffer,
-                   write_selection)
+from .operands import load_q_rows, load_q_t
+from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan_pages
+from .scoring import fp8_page_scores, fp8_page_scores_n, plan_row_blocks
+from .topk import choose_window, merge_config
 
 # (token, head) rows per score program. 128 on 4 warps: each page copy and conversion serves
 # twice the rows of 64 (H200, benchmarks.knob_lab, one process, all 18 WORKLOADS.md cases:
@@ -52,7 +53,6 @@ from .topk import (choose_window, empty_topk, insert_page, load_candidates, merg
 MAX_BLOCK_M = 128
 MIN_PAGES_PER_SPLIT = 4
 PROGRAMS_PER_SM = 8  # split target of the score kernel (the H200 lab tuned decode only)
-SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 # Dot modes scored with the page tokens on the MMA's N axis by default (H200,
 # benchmarks.knob_lab, one process, all 18 WORKLOADS.md cases against tokens on M: geometric
 # mean 1.13x, 1.12-1.29x on every 16K-token and 4K x 128K case, 16K x 128K 10.78 -> 8.39 ms;
@@ -71,49 +71,32 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
     rows = tl.arange(0, BLOCK_M)
     token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
                                               rows, H)
-    n = tl.max(tl.where(row_ok, local, 0), 0)
-    n = tl.where(n > 15, n, 0)  # only short rows: nothing to score
-    per = tl.cdiv(n, NUM_SPLITS)
-    start = split * per
-    end = tl.minimum(start + per, n)
+    n = scored_pages(tl.max(tl.where(row_ok, local, 0), 0))  # the block's largest L
+    start, end = split_range(n, split, NUM_SPLITS)
     q_off = token * q_tok_stride + h * q_head_stride
     if TOKENS_N:
         q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)  # [BLOCK_M, 128]: the MMA's A
     else:
         q_op = load_q_t(q_ptr, q_off, row_ok, DOT)  # [128, BLOCK_M]: the MMA's B
     r = tl.load(blk_ptr + blk)
-    ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * (128 * 128)
-
-    # Running top-KEEP per row: one insert per page (WINDOW == 1) or one merge per window of
-    # WINDOW pages whose scores wait in this program's window scratch (as in decode).
-    top = empty_topk(BLOCK_M, KEEP)
-    if WINDOW == 1:
-        for j in range(start, end):
-            score = _ws_page_scores(ws_page0 + j * (128 * 128), q_op, DOT, TOKENS_N)
-            top = insert_page(top, score, j, local)
-    else:
-        prog = blk * NUM_SPLITS + split
-        for w0 in range(start, end, WINDOW):
-            w_end = tl.minimum(w0 + WINDOW, end)
-            buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
-            for j in range(w0, w_end):
-                score = _ws_page_scores(ws_page0 + j * (128 * 128), q_op, DOT, TOKENS_N)
-                tl.store(buf + (j - w0) * BLOCK_M + rows, score)
-            top = merge_window(top, buf, w0, w_end, local, WINDOW)
-
-    if NUM_SPLITS == 1:
-        write_selection(top, local, out_ptr + (token * H + h) * 16, row_ok)
-    else:
-        store_candidates(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), top, split, NUM_SPLITS)
+    ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * WS_PAGE
+    top = scan_pages(start, end, local, (ws_page0,), (q_op,), win_ptr,
+                     blk * NUM_SPLITS + split, 0, 1, _ws_page_scores, DOT, TOKENS_N, BLOCK_M,
+                     KEEP, WINDOW)
+    finish_split(top, local, out_ptr + out_offsets(token, h, H), row_ok, cand_ptr,
+                 (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
 
 
 @triton.jit
-def _ws_page_scores(page_ptr, q_op, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
-    """fp32 ``[BLOCK_M]`` scores of one workspace page, tokens on the MMA's N or M axis."""
+def _ws_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of workspace page j (``page_src = (request's first
+    workspace page,)``), tokens on the MMA's N or M axis."""
+    ws_page0, = page_src
+    q_op, = q_ops
     if TOKENS_N:
-        return fp8_page_scores_n(page_ptr, q_op, DOT)
+        return fp8_page_scores_n(ws_page0 + j * WS_PAGE, q_op, DOT)
     else:
-        return fp8_page_scores(page_ptr, q_op, DOT)
+        return fp8_page_scores(ws_page0 + j * WS_PAGE, q_op, DOT)
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
@@ -126,9 +109,8 @@ def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, 
     token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
                                               rows, H)
     row_ok = row_ok & (rows < BLOCK_M)
-    keys = load_candidates(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), row_ok, NUM_SPLITS,
-                           SPLITS_PAD, KEEP)
-    write_selection(keys, local, out_ptr + (token * H + h) * 16, row_ok)
+    merge_splits(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), row_ok, local,
+                 out_ptr + out_offsets(token, h, H), NUM_SPLITS, SPLITS_PAD, KEEP)
 
 
 def _num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
@@ -153,7 +135,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         ``[R+1]`` (each q_len >= 1). seq_lens: int32 ``[R]`` (q_len <= seq_len <= W*128).
         max_gather_pages: workspace budget in pages per chunk (>= any request's history).
         out: int32 ``[Tp, H, 16]`` contiguous.
-        dot: dot mode (``scoring.DOT_MODES``; default fp16 on GPU, fp32 under the
+        dot: dot mode (``dot_modes.DOT_MODES``; default fp16 on GPU, fp32 under the
         interpreter). num_splits: NUM_SPLITS override (tests / tuning). window: top-k
         window override (a power of two, window * BLOCK_M <= 4096; default
         ``topk.choose_window``: 1 below 32 pages per split).

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ..constants import HEAD_DIM
 from .insert import _norm_rope_inputs
+from .layout import HEAD
 from .numerics import (device_guard, e4m3_encode_bits, gemma_rstd, interpreting,
                        norm_pow2_scale, portable_default, rope_combine)
 
@@ -30,16 +31,16 @@ def _prepare_index_q_kernel(q_ptr, q_stride_t, q_stride_h, num_heads, n_rows, po
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
     q_row = q_ptr + (tok * q_stride_t + head * q_stride_h)[:, None]
     cs_row = cs_ptr + (pos * cs_stride0)[:, None]
-    d = tl.arange(0, 128)[None, :]
+    d = tl.arange(0, HEAD)[None, :]
     x_d, x_p, w1_d, w1_p, cos, sin = _norm_rope_inputs(q_row, w_ptr, cs_row, cs_stride1, m, d,
                                                        ROT)
     scale = norm_pow2_scale(tl.max(tl.abs(x_d), axis=1))  # [BR], exact power of two
     sc = scale[:, None]
     x_d, x_p = x_d * sc, x_p * sc
-    rstd = gemma_rstd(tl.sum(x_d * x_d, axis=1), scale, eps, 128)[:, None]
+    rstd = gemma_rstd(tl.sum(x_d * x_d, axis=1), scale, eps, HEAD)[:, None]
     y = rope_combine(x_d * rstd * w1_d, x_p * rstd * w1_p, cos, sin, d, ROT)
     out = e4m3_encode_bits(y, PORTABLE)
-    tl.store(out_ptr + r.to(tl.int64)[:, None] * 128 + d, out, mask=m)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * HEAD + d, out, mask=m)
 
 
 def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: torch.Tensor,

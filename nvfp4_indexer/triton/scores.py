@@ -14,9 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .dot_modes import resolve_dot
 from .numerics import device_guard
-from .scoring import (block_rows_info, load_q_pairs_t, nvfp4_page_scores, plan_row_blocks,
-                      resolve_dot)
+from .operands import load_q_pairs_t
+from .scan import block_rows_info
+from .scoring import nvfp4_page_scores, plan_row_blocks
 
 PAGES_PER_PROGRAM = 8
 MAX_BLOCK_M = 64  # (token, head) rows per program
@@ -54,7 +56,7 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
         paged cache. block_table: int32 ``[R, W]`` (unit last stride). seq_lens: int32 ``[R]``.
         query_start_loc: int32 ``[R+1]`` row offsets (queries bottom-right aligned; a request
         may have 0 rows; seq_len 0 rows have no history).
-        dot: dot mode (``scoring.DOT_MODES``; default fp16 on GPU, fp32 under the interpreter).
+        dot: dot mode (``dot_modes.DOT_MODES``; default fp16 on GPU, fp32 under the interpreter).
     Returns:
         float32 ``[T, H, W]``: max over each history page's tokens of the fp32 q . K dot
         product (NaN tokens skipped, NaN when all are), -inf where j >= the row's local page.

@@ -32,6 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .layout import HISTORY, TOPK
+
 TOPK_SLOTS = 16  # per-row candidate list length (power of two >= 15 history slots)
 
 EMPTY = tl.constexpr(-(2 ** 63))  # "no candidate"
@@ -173,16 +175,16 @@ def write_selection(keys, local_page, out_row_ptr, row_mask):
     ``[0, -1 x 15]``); L >= 16 -> the 15 largest candidates by key, then L. The 15 rounds of
     max-and-remove run only when some stored row has L >= 16.
     """
-    slot = tl.arange(0, 16)[None, :]
-    res = tl.full([keys.shape[0], 16], -1, tl.int32)
-    if tl.max(tl.where(row_mask, local_page, 0), 0) > 15:
-        for k in tl.static_range(15):
+    slot = tl.arange(0, TOPK)[None, :]
+    res = tl.full([keys.shape[0], TOPK], -1, tl.int32)
+    if tl.max(tl.where(row_mask, local_page, 0), 0) > HISTORY:
+        for k in tl.static_range(HISTORY):
             best = tl.max(keys, 1)
             res = tl.where(slot == k, candidate_id(best)[:, None], res)
             keys = tl.where(keys == best[:, None], EMPTY, keys)
     lp = local_page[:, None]
-    res = tl.where(slot == 15, lp, res)
-    res = tl.where(lp <= 15, tl.where(slot <= lp, slot, -1), res)
+    res = tl.where(slot == HISTORY, lp, res)  # slot 15: the local page
+    res = tl.where(lp <= HISTORY, tl.where(slot <= lp, slot, -1), res)
     tl.store(out_row_ptr[:, None] + slot, res, mask=row_mask[:, None])
 
 

@@ -1,0 +1,121 @@
+"""The page scan and the split merge shared by the decode and prefill scorers (SPEC 4, 5), and
+the row bookkeeping of their kernels.
+
+A score program holds ``BLOCK_M`` query rows of one request and scans the logical pages
+``j = page_offset + k * page_step`` for k in its split's ``[start, end)`` (``scan_pages``;
+offset 0 / step 1 except for a context-parallel rank's page subset, SPEC 8.2). Each page's
+``[BLOCK_M]`` scores come from the caller's ``PAGE_SCORES`` function; the page is a candidate
+of the rows whose local page lies past it, kept in a running top-KEEP list per row
+(``topk``): inserted per page (WINDOW == 1) or merged once per window of WINDOW pages whose
+scores wait in the program's slice of the window scratch. ``finish_split`` then writes the
+final selection (one split) or the split's candidates; ``merge_splits`` is the merge kernels'
+body (every split's candidates of a row -> SPEC 5 output).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .layout import PAGE, TOPK, local_page
+from .topk import (empty_topk, insert_page, load_candidates, merge_window_strided,
+                   store_candidates, window_buffer, write_selection)
+
+
+@triton.jit
+def scan_pages(start, end, local, page_src, q_ops, win_ptr, prog, page_offset, page_step,
+               PAGE_SCORES: tl.constexpr, DOT: tl.constexpr, MODE: tl.constexpr,
+               BLOCK_M: tl.constexpr, KEEP: tl.constexpr, WINDOW: tl.constexpr):
+    """Running top-KEEP lists ``int64 [BLOCK_M, KEEP]`` of logical pages
+    ``j = page_offset + k * page_step``, k in ``[start, end)``, for rows with local pages
+    ``local [BLOCK_M]``.
+
+    ``PAGE_SCORES(page_src, j, q_ops, DOT, MODE)`` returns page j's fp32 ``[BLOCK_M]`` scores
+    (``page_src`` / ``q_ops``: tuples the caller's function unpacks). WINDOW > 1: scores go to
+    program ``prog``'s window scratch ``win_ptr`` (fp32 ``[2, WINDOW, BLOCK_M]`` per program,
+    ``topk.window_buffer``) and are merged once per window (``topk.merge_window_strided``);
+    the loads are left to Triton's pipeliner (cp.async into shared memory).
+    """
+    top = empty_topk(BLOCK_M, KEEP)
+    if WINDOW == 1:
+        for k in range(start, end):
+            j = page_offset + k * page_step
+            score = PAGE_SCORES(page_src, j, q_ops, DOT, MODE)
+            top = insert_page(top, score, j, local)
+    else:
+        rows = tl.arange(0, BLOCK_M)
+        for w0 in range(start, end, WINDOW):
+            w_end = tl.minimum(w0 + WINDOW, end)
+            buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
+            for k in range(w0, w_end):
+                score = PAGE_SCORES(page_src, page_offset + k * page_step, q_ops, DOT, MODE)
+                tl.store(buf + (k - w0) * BLOCK_M + rows, score)
+            top = merge_window_strided(top, buf, w0, w_end, local, WINDOW, page_offset,
+                                       page_step)
+    return top
+
+
+@triton.jit
+def finish_split(top, local, out_row_ptr, row_ok, cand_ptr, cand_rows, split,
+                 NUM_SPLITS: tl.constexpr, TO_CANDIDATES: tl.constexpr):
+    """A score program's output: the SPEC 5 selection of its rows at ``out_row_ptr [R]``
+    when it is the only split (``NUM_SPLITS == 1`` and not ``TO_CANDIDATES``), else its lists
+    ``top`` as split ``split``'s slice of candidate scratch rows ``cand_rows [R]`` (int64)."""
+    if NUM_SPLITS == 1 and not TO_CANDIDATES:
+        write_selection(top, local, out_row_ptr, row_ok)
+    else:
+        store_candidates(cand_ptr, cand_rows, top, split, NUM_SPLITS)
+
+
+@triton.jit
+def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl.constexpr,
+                 SPLITS_PAD: tl.constexpr, KEEP: tl.constexpr):
+    """Merge kernel body: every split's candidates of scratch rows ``cand_rows [R]`` (int64)
+    -> the SPEC 5 output at ``out_row_ptr [R]`` of the rows ``row_ok`` with local pages
+    ``local``."""
+    keys = load_candidates(cand_ptr, cand_rows, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
+    write_selection(keys, local, out_row_ptr, row_ok)
+
+
+@triton.jit
+def clamped_seq_len(seq_lens_ptr, b, width):
+    """Request b's seq_len clamped to the block-table width ``width * 128`` (SPEC 10)."""
+    return tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
+
+
+@triton.jit
+def decode_rows(b, m, seq_len, Q: tl.constexpr, H: tl.constexpr):
+    """Decode rows ``m = i * H + h`` of request b (uniform query length Q, bottom-right
+    aligned): ``(head h, row mask m < Q*H, local page, query row b*Q + i (int64))``."""
+    i = m // H
+    h = m % H
+    row_ok = m < Q * H
+    local = local_page(seq_len - Q + i)
+    return h, row_ok, local, (b * Q + i).to(tl.int64)
+
+
+@triton.jit
+def out_offsets(row, h, H: tl.constexpr):
+    """Element offsets of the 16 output slots of (query row, head) rows in ``[*, H, 16]``."""
+    return (row * H + h) * TOPK
+
+
+@triton.jit
+def block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk, rows,
+                    H: tl.constexpr):
+    """Rows of row block ``blk`` (see ``scoring.plan_row_blocks``; ``blk_ptr`` holds int32
+    ``[2, num_blocks]``: request, first row), for in-block row indices ``rows [R]``.
+
+    Returns ``(token [R] int64, head [R], local page [R] (0 for p < 0), row mask [R])``.
+    """
+    r = tl.load(blk_ptr + blk)
+    row0 = tl.load(blk_ptr + num_blocks + blk)
+    q_start = tl.load(qsl_ptr + r)
+    q_len = tl.load(qsl_ptr + r + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + r)
+    m = row0 + rows
+    row_ok = m < q_len * H
+    t = m // H
+    p = seq_len - q_len + t
+    local = local_page(p)
+    return (q_start + t).to(tl.int64), m % H, local, row_ok
