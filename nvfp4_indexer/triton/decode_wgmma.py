@@ -39,13 +39,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..constants import HEAD_DIM, PAGE_SIZE
+from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, local_page,
+                     num_history_pages, scored_pages, split_range)
 from .lut import lut_dequant_portable, lut_table
 from .numerics import e4m3_decode
 from .scoring import page_max
 from .topk import empty_topk, pack_candidate, topk_merge, write_selection, EMPTY
 
-PAGE = tl.constexpr(PAGE_SIZE)
 SELECT_CHUNK = 1024  # pages a select program merges per step
 SELECT_WARPS = 1  # one warp per row: each selection round stays inside the warp
 
@@ -98,10 +98,10 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
     h = m % H
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
     p = seq_len - Q + i
-    local = tl.where(p >= 0, p // PAGE, 0)  # padding rows (p < 0) select like L = 0
+    local = local_page(p)  # padding rows (p < 0) select like L = 0
     row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
     top = empty_topk(1, 16)
-    for c0 in range(0, tl.where(local > 15, local, 0), CHUNK):  # short rows: by formula
+    for c0 in range(0, scored_pages(local), CHUNK):  # short rows: by formula
         jj = c0 + tl.arange(0, CHUNK)
         ok = jj < local
         s = tl.load(row_scores + jj, mask=ok, other=0.0)
@@ -121,11 +121,8 @@ def _page_range(seq_lens_ptr, b, split, width, NUM_SPLITS: tl.constexpr):
     """``(seq_len clamped to W*128, first page, end page)`` of program (b, split): the split's
     share of the last query's history, none when every row is short (SPEC 5)."""
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
-    n_pages = tl.maximum(seq_len - 1, 0) // PAGE
-    n_pages = tl.where(n_pages > 15, n_pages, 0)
-    per = tl.cdiv(n_pages, NUM_SPLITS)
-    start = split * per
-    return seq_len, start, tl.minimum(start + per, n_pages)
+    start, end = split_range(scored_pages(num_history_pages(seq_len)), split, NUM_SPLITS)
+    return seq_len, start, end
 
 
 @triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride"])
@@ -140,19 +137,19 @@ def _portable_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_s
     row_ok = n < Q * H
     row = (b * Q + n // H).to(tl.int64)
     q_off = row * q_row_stride + (n % H) * q_head_stride
-    d = tl.arange(0, HEAD_DIM)[:, None]
+    d = tl.arange(0, HEAD)[:, None]
     qb = tl.load(q_ptr + q_off[None, :] + d, mask=row_ok[None, :], other=0)
     q_t = e4m3_decode(qb)  # [128, N] fp32, exact
     t = tl.arange(0, PAGE)[:, None]
-    dims = tl.arange(0, HEAD_DIM)[None, :]
+    dims = tl.arange(0, HEAD)[None, :]
     out_row = scores_ptr + (b.to(tl.int64) * N + n) * width
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
     for j in range(start, end):
         blk = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
         page = cache_ptr + blk * page_stride
-        cb = tl.load(page + t * 64 + dims // 2).to(tl.int32)  # byte of dim d, per token
+        cb = tl.load(page + t * CODE_BYTES + dims // 2).to(tl.int32)  # byte of dim d, per token
         codes = (cb >> ((dims % 2) * 4)) & 15
-        sb = tl.load(page + 8192 + t * 8 + dims // 16).to(tl.int32)
+        sb = tl.load(page + SCALES_OFFSET + t * GROUPS + dims // 16).to(tl.int32)
         k = lut_dequant_portable(codes, sb, tbl_ptr).to(tl.float32)
         acc = tl.dot(k, q_t, input_precision="ieee", out_dtype=tl.float32)
         tl.store(out_row + j, page_max(acc))

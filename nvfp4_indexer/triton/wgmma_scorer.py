@@ -17,6 +17,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from .layout import HISTORY, PAGE, SCALES_OFFSET
 from .lut import LUT_ASM, LUT_CONSTRAINTS
 
 _ASM = gl.constexpr(LUT_ASM)
@@ -80,9 +81,9 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     b = gl.program_id(0)
     split = gl.program_id(1)
-    seq_len = gl.minimum(gl.load(seq_lens_ptr + b), width * 128)  # SPEC 10 clamp
-    n_pages = gl.maximum(seq_len - 1, 0) // 128
-    n_pages = gl.where(n_pages > 15, n_pages, 0)  # only short rows: nothing to score
+    seq_len = gl.minimum(gl.load(seq_lens_ptr + b), width * PAGE)  # SPEC 10 clamp
+    n_pages = gl.maximum(seq_len - 1, 0) // PAGE
+    n_pages = gl.where(n_pages > HISTORY, n_pages, 0)  # only short rows: nothing to score
     per = gl.cdiv(n_pages, NUM_SPLITS)
     start = split * per
     end = gl.minimum(start + per, n_pages)
@@ -101,7 +102,7 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
         grp = gl.expand_dims(gl.expand_dims(jj, 0), 2) * 2 \
             + gl.expand_dims(gl.expand_dims(gp, 0), 1)
         off64 = m3 * 8 + grp
-        sc_off = 8192 + m3 * 8 + grp
+        sc_off = SCALES_OFFSET + m3 * 8 + grp
         cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
         bt_row = bt_ptr + b.to(gl.int64) * bt_stride
         zero = gl.zeros([128, N], gl.float32, layout=MMA)
