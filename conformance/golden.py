@@ -38,7 +38,8 @@ from . import generator as G
 from . import suite as S
 from .backends import Backend
 from .cases import case_from_arrays, case_to_arrays, numpy_to_tensor, sha256_array, tensor_to_numpy
-from .checks import CaseResult, oracle, run_case
+from .ops import oracle, run_case
+from .results import CaseResult
 
 GOLDEN_FORMAT = "nvfp4-indexer-golden"
 GOLDEN_FORMAT_VERSION = 1
