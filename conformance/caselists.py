@@ -91,12 +91,24 @@ def write_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
     yield from _paged(G.write_case, "write", profile.write_cases, profile, seed, device)
 
 
+#: NaN edge cases per insert / query check (after the random ones; not in golden set v1).
+NAN_CASES = 1
+
+
 def insert_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
+    """Random fused inserts, then NaN / inf edges (``generator.nan_insert_case``)."""
     yield from _paged(G.insert_case, "insert", profile.insert_cases, profile, seed, device)
+    for i in range(NAN_CASES):
+        rng, s = _rng(seed, "insert-nan", i)
+        yield G.nan_insert_case(rng, profile, f"insert/nan/{i:03d}", s, device=device)
 
 
 def query_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
+    """Random query prepares, then NaN / inf edges (``generator.nan_query_case``)."""
     yield from _paged(G.query_case, "query", profile.insert_cases, profile, seed, device)
+    for i in range(NAN_CASES):
+        rng, s = _rng(seed, "query-nan", i)
+        yield G.nan_query_case(rng, profile, f"query/nan/{i:03d}", s, device=device)
 
 
 def gather_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:

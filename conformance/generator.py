@@ -551,6 +551,62 @@ def query_case(rng: np.random.Generator, profile: Profile, name: str, seed: int,
     return Case("prepare_index_q", name, seed, inputs, meta=meta)
 
 
+def _nan_norm_inputs(rng: np.random.Generator, inputs: dict, x: torch.Tensor) -> torch.Tensor:
+    """Put SPEC 1.1 / 1.3 NaN edges into a norm + RoPE case, in place on ``inputs``: one NaN
+    norm-weight dim (every row then has one or two NaN values among finite ones, so a group's
+    amax must skip NaN), a NaN cos/sin row at the position of the last token and ~1/8 of the
+    others, and returns ``x`` (float32, leading dims flattened to rows) with a NaN element in
+    row 0 and ~1/8 of the rows (the norm makes the whole row NaN) and a +-inf element in row 1
+    and ~1/16 of the rows (NaN there, 0 elsewhere)."""
+    w = inputs["weight"].clone()
+    w[int(rng.integers(0, HEAD_DIM))] = float("nan")
+    inputs["weight"] = w
+    cs = inputs["cos_sin_cache"].clone()
+    p_nan = int(rng.integers(0, cs.shape[0]))
+    cs[p_nan, int(rng.integers(0, cs.shape[1]))] = float("nan")
+    inputs["cos_sin_cache"] = cs
+    pos = inputs["positions"].clone()
+    pos[torch.from_numpy(rng.random(pos.shape[0]) < 0.125)] = p_nan
+    pos[-1] = p_nan
+    inputs["positions"] = pos
+    rows = x.reshape(-1, HEAD_DIM).to(torch.float32).clone()
+    n = rows.shape[0]
+    idx = torch.arange(n)
+    nan_rows = torch.from_numpy(rng.random(n) < 0.125)
+    nan_rows[0] = True
+    inf_rows = torch.from_numpy(rng.random(n) < 0.0625) & ~nan_rows
+    inf_rows[1:2] = True
+    dims = torch.from_numpy(rng.integers(0, HEAD_DIM, size=n))
+    rows[idx[nan_rows], dims[nan_rows]] = float("nan")
+    signs = torch.from_numpy(rng.choice([-1.0, 1.0], size=n)).to(torch.float32)
+    rows[idx[inf_rows], dims[inf_rows]] = signs[inf_rows] * float("inf")
+    return rows
+
+
+def nan_insert_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, *,
+                    device=None) -> Case:
+    """``insert_index_k`` with NaN / inf keys, a NaN norm-weight dim and a NaN cos/sin row:
+    NaN values skipped by the group amax and quantized to code 0 (SPEC 1.3, 3)."""
+    c = insert_case(rng, profile, name, seed, "gaussian")
+    inputs = dict(c.inputs)
+    k = inputs["k"]
+    inputs["k"] = _nan_norm_inputs(rng, inputs, k).to(k.dtype)
+    inputs = {k_: (v.to(device) if isinstance(v, torch.Tensor) else v) for k_, v in inputs.items()}
+    return Case("insert_index_k", name, seed, inputs, meta=dict(c.meta, dist="nan"))
+
+
+def nan_query_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, *,
+                   device=None) -> Case:
+    """``prepare_index_q`` with NaN / inf queries, a NaN norm-weight dim and a NaN cos/sin
+    row: NaN values encode as 0x7F (SPEC 1.1, 3)."""
+    c = query_case(rng, profile, name, seed, "gaussian")
+    inputs = dict(c.inputs)
+    q = inputs["q"]
+    inputs["q"] = _nan_norm_inputs(rng, inputs, q).reshape(q.shape).to(q.dtype)
+    inputs = {k_: (v.to(device) if isinstance(v, torch.Tensor) else v) for k_, v in inputs.items()}
+    return Case("prepare_index_q", name, seed, inputs, meta=dict(c.meta, dist="nan"))
+
+
 # --------------------------------------------------------------------------------------------
 # Codec inputs
 # --------------------------------------------------------------------------------------------

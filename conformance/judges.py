@@ -219,16 +219,19 @@ def explain_keys(value: torch.Tensor, magnitude: torch.Tensor, got_codes: torch.
         got_codes / ref_codes: uint8 ``[T, 64]``; got_scales / ref_scales: uint8 ``[T, 8]``.
     Returns:
         ``(ok bool [T], proofs)``: a token is ok when every scale byte lies between the scales
-        of amax -+ band (widened by fp32 rounding) and every code lies between the codes of
-        (v -+ band) / s with the kernel's own scale s (code 8, -0, never). ``proofs`` names
-        each differing byte of the ok tokens and the boundary it straddles.
+        of amax -+ band (widened by fp32 rounding; amax over the group's non-NaN values, 0 when
+        all are NaN, SPEC 1.3) and every code lies between the codes of (v -+ band) / s with
+        the kernel's own scale s (code 8, -0, never; a NaN value must give code 0). ``proofs``
+        names each differing byte of the ok tokens and the boundary it straddles.
     """
     t = value.shape[0]
     v = value.to(torch.float64).reshape(t, 8, 16)
     band = (magnitude.to(torch.float64) * 2.0 ** -BAND_BITS).reshape(t, 8, 16)
+    nan = torch.isnan(v)
     av = v.abs()
-    amax_lo = torch.clamp(av - band, min=0).amax(-1) * (1 - _FP32_SLACK)
-    amax_hi = (av + band).amax(-1) * (1 + _FP32_SLACK)
+    zero = torch.zeros_like(av)
+    amax_lo = torch.where(nan, zero, torch.clamp(av - band, min=0)).amax(-1) * (1 - _FP32_SLACK)
+    amax_hi = torch.where(nan, zero, av + band).amax(-1) * (1 + _FP32_SLACK)
     s_lo, s_hi = _e4m3_scale(amax_lo), _e4m3_scale(amax_hi)
     gs = F.decode_e4m3(got_scales.view(torch.uint8)).to(torch.float64)
     scale_ok = (gs >= s_lo) & (gs <= s_hi) & (gs > 0) & torch.isfinite(gs)
@@ -241,7 +244,7 @@ def explain_keys(value: torch.Tensor, magnitude: torch.Tensor, got_codes: torch.
     gv = F.e2m1_value(codes).to(torch.float64)
     c_lo = F.e2m1_value(F.e2m1_encode(lo)).to(torch.float64)
     c_hi = F.e2m1_value(F.e2m1_encode(hi)).to(torch.float64)
-    code_ok = (gv >= c_lo) & (gv <= c_hi) & (codes != 8)
+    code_ok = torch.where(nan, codes == 0, (gv >= c_lo) & (gv <= c_hi) & (codes != 8))
     ok = scale_ok.all(-1) & code_ok.flatten(1).all(-1)
     proofs: list[str] = []
     rcodes = F.unpack_e2m1(ref_codes).reshape(t, 8, 16)
@@ -264,7 +267,8 @@ def explain_keys(value: torch.Tensor, magnitude: torch.Tensor, got_codes: torch.
 def explain_queries(value: torch.Tensor, magnitude: torch.Tensor,
                     got: torch.Tensor) -> torch.Tensor:
     """Per-element verdict (bool, shape of ``value``) that a query byte is E4M3 of some value
-    within SPEC 3's band of the exact one; within the band of zero both 0x00 and 0x80 pass."""
+    within SPEC 3's band of the exact one; within the band of zero both 0x00 and 0x80 pass; a
+    NaN value must give 0x7F (SPEC 1.1)."""
     v = value.to(torch.float64)
     band = magnitude.to(torch.float64) * 2.0 ** -BAND_BITS
     lo = v - band - (v - band).abs() * _FP32_SLACK
@@ -277,7 +281,7 @@ def explain_queries(value: torch.Tensor, magnitude: torch.Tensor,
     neg = (gb & 0x80) != 0
     # -0 needs some x <= 0 in the band (or a negative value rounding to zero), +0 some x >= 0.
     ok = ok & ~(zero & neg & ~(lo <= 0)) & ~(zero & ~neg & ~(hi >= 0))
-    return ok
+    return torch.where(torch.isnan(v), gb == 0x7F, ok)
 
 
 # --------------------------------------------------------------------------------------------
