@@ -88,7 +88,8 @@ def tie_aware_check(selected: torch.Tensor, exact_scores: torch.Tensor,
     Returns:
         :class:`TieAwareResult`. Rows with L <= K-1 and padding rows must equal the reference
         exactly (their content does not depend on scores). Rows with L >= K need slot K-1 = L,
-        K-1 distinct history ids in [0, L), and with S the exact scores (NaN ranks lowest):
+        K-1 distinct history ids in [0, L), NaN pages (exact) ordered among themselves by
+        smaller id, and with S the exact scores (NaN ranks lowest):
         S[u] + e >= S[w] - e for every selected u and unselected history page w, and
         S[a] + e >= S[b] - e for every consecutive pair (a before b).
     """
@@ -109,7 +110,8 @@ def tie_aware_check(selected: torch.Tensor, exact_scores: torch.Tensor,
     distinct = (srt[..., 1:] != srt[..., :-1]).all(-1)
     structure = in_range & distinct & (sel[..., k - 1] == Lr)
     s64 = scores.to(torch.float64)
-    s64 = torch.where(torch.isnan(s64), torch.full_like(s64, -math.inf), s64)  # NaN ranks last
+    nan = torch.isnan(s64)
+    s64 = torch.where(nan, torch.full_like(s64, -math.inf), s64)  # NaN ranks last
     ids = hist.clamp(0, max(w - 1, 0))
     sg = torch.gather(s64, -1, ids) if w else torch.zeros_like(hist, dtype=torch.float64)
     d = sg[..., 1:] - sg[..., :-1]  # later minus earlier: > 0 violates the order
@@ -132,7 +134,19 @@ def tie_aware_check(selected: torch.Tensor, exact_scores: torch.Tensor,
     else:
         e = mag * 2.0 ** -bound_bits
         bound_rel = 2.0 * 2.0 ** -bound_bits
-    valid = structure & (gap <= 2 * e)
+    # NaN pages (exact: NaN bytes, no rounding) rank among themselves by smaller id (SPEC 5):
+    # selected ones ascending, none kept over an unselected smaller-id NaN page.
+    if w:
+        nsel = torch.gather(nan, -1, ids)
+        both = nsel[..., 1:] & nsel[..., :-1]
+        nan_order = (~both | (hist[..., :-1] < hist[..., 1:])).all(-1)
+        max_nan_sel = torch.where(nsel, hist, torch.full_like(hist, -1)).amax(-1)
+        nan_unsel = hist_mask & ~chosen & nan
+        min_nan_unsel = torch.where(nan_unsel, pages, torch.full_like(pages, w)).amin(-1)
+        nan_order = nan_order & (max_nan_sel < min_nan_unsel)
+    else:
+        nan_order = torch.ones((n, h), dtype=torch.bool)
+    valid = structure & nan_order & (gap <= 2 * e)
     valid = torch.where(top, valid, equal)
     status = torch.full((n, h), 2, dtype=torch.int8)
     if bound_bits is None:
@@ -143,7 +157,8 @@ def tie_aware_check(selected: torch.Tensor, exact_scores: torch.Tensor,
     needed = (status == 1) & top & (gap > 0)
     gap_rel = torch.where(mag > 0, gap / mag, torch.where(gap > 0, math.inf, 0.0))
     res = TieAwareResult(status, needed, gap, gap_rel, bound_rel, reference.to(torch.int32))
-    res.reasons = {"structure": structure, "top": top, "e": e, "scores": s64, "sel": sel}
+    res.reasons = {"structure": structure, "nan_order": nan_order, "top": top, "e": e,
+                   "scores": s64, "sel": sel}
     return res
 
 
@@ -156,6 +171,8 @@ def explain_row(res: TieAwareResult, row: int, head: int) -> str:
     if not bool(r["structure"][row, head]):
         return ("structure: slot 15 must be the local page and slots 0..14 distinct history "
                 "pages in [0, L) (SPEC 5)")
+    if not bool(r["nan_order"][row, head]):
+        return "NaN pages must rank among themselves by smaller id (SPEC 5)"
     s = r["scores"][row, head]
     e = float(r["e"][row, head])
     worst, msg = -math.inf, ""

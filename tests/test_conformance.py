@@ -24,7 +24,8 @@ from nvfp4_indexer.reference import formats as F
 from conformance import generator as G
 from conformance.backends import Backend, load_backend, reference_backend
 from conformance.cases import load_case, replay_case, save_case
-from conformance.checks import (explain_keys, explain_queries, run_case, tie_aware_check)
+from conformance.checks import (explain_keys, explain_queries, explain_row, run_case,
+                                 tie_aware_check)
 from conformance.cli import main as cli_main
 from conformance.golden import DEFAULT_DIR, check_integrity, load_golden, verify_golden
 from conformance.graphs import wrapper_session
@@ -132,6 +133,29 @@ def test_tie_aware_nan_pages_rank_last():
     bad = good.clone()
     bad[0, 0, 14] = 16  # NaN page instead of the weakest numeric one
     assert tie_aware_check(bad, s, mag, local, 8).failed == 1
+
+
+def test_tie_aware_nan_pages_by_smaller_id():
+    """NaN scores are exact (NaN bytes), so even a tie-aware backend must rank NaN pages among
+    themselves by smaller id (SPEC 5)."""
+    L = 17
+    vals = [float(j) for j in range(L)]
+    for j in (2, 5, 9, 12):
+        vals[j] = float("nan")  # 13 numeric pages: two NaN pages are selected (2 then 5)
+    s = _one_row(vals, L)
+    local = torch.tensor([L])
+    mag = torch.full((1, 1), 100.0, dtype=torch.float64)
+    good = ref.select_pages(s, local)
+    assert good[0, 0, 13:].tolist() == [2, 5, L]
+    assert tie_aware_check(good, s, mag, local, 8).failed == 0
+    swapped = good.clone()
+    swapped[0, 0, [13, 14]] = swapped[0, 0, [14, 13]]
+    skipped = good.clone()
+    skipped[0, 0, 14] = 9  # NaN page 9 kept over NaN page 5
+    for bad in (swapped, skipped):
+        r = tie_aware_check(bad, s, mag, local, 8)
+        assert r.failed == 1
+        assert "smaller id" in explain_row(r, 0, 0)
 
 
 # --------------------------------------------------------------------------------------------
