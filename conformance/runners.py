@@ -322,33 +322,33 @@ def judge_selection(res: CaseResult, case, backend: Backend, exp: dict, got: tor
     record_selection(res, got, tie, row_meta(inp, qsl), mf)
 
 
-def run_decode(case, backend, exp, res, mf):
+def _run_selection(case, backend, exp, res, mf, op: str, args: tuple[str, ...], kwargs: dict,
+                   qsl: torch.Tensor) -> None:
+    """Call the selection op ``op(index_q, cache, *inputs[args], **kwargs, out=poisoned)`` and
+    judge the rows ``qsl`` (a returned tensor other than ``out`` is what gets judged)."""
     inp = case.inputs
     d = backend.device
     _, cache = case_cache(inp, d)
     q = inp["index_q"].to(d)
     out = selection_out(q.shape[0], q.shape[1], d)
-    r = call_op(backend, "decode_indexer", q, cache, inp["block_table"].to(d),
-                inp["seq_lens"].to(d), inp["query_len"], out=out)
+    r = call_op(backend, op, q, cache, *(_dev(inp[a], d) for a in args), **kwargs, out=out)
     got = out.detach().cpu()
     if r is not None and r.data_ptr() != out.data_ptr():
         got = r.detach().cpu()
-    judge_selection(res, case, backend, exp, got, decode_rows(inp, "cpu"), "decode_indexer", mf)
+    judge_selection(res, case, backend, exp, got, qsl, op, mf)
+
+
+def run_decode(case, backend, exp, res, mf):
+    _run_selection(case, backend, exp, res, mf, "decode_indexer",
+                   ("block_table", "seq_lens", "query_len"), {},
+                   decode_rows(case.inputs, "cpu"))
 
 
 def run_prefill(case, backend, exp, res, mf):
     inp = case.inputs
-    d = backend.device
-    _, cache = case_cache(inp, d)
-    q = inp["index_q"].to(d)
-    out = selection_out(q.shape[0], q.shape[1], d)
-    r = call_op(backend, "prefill_indexer", q, cache, inp["block_table"].to(d),
-                inp["cu_seqlens_q"].to(d), inp["seq_lens"].to(d),
-                max_gather_pages=inp["max_gather_pages"], out=out)
-    got = out.detach().cpu()
-    if r is not None and r.data_ptr() != out.data_ptr():
-        got = r.detach().cpu()
-    judge_selection(res, case, backend, exp, got, inp["cu_seqlens_q"], "prefill_indexer", mf)
+    _run_selection(case, backend, exp, res, mf, "prefill_indexer",
+                   ("block_table", "cu_seqlens_q", "seq_lens"),
+                   {"max_gather_pages": inp["max_gather_pages"]}, inp["cu_seqlens_q"])
 
 
 def run_mixed(case, backend, exp, res, mf):
