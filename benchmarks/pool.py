@@ -20,9 +20,6 @@ from nvfp4_indexer.constants import HEAD_DIM, PAGE_SIZE
 
 from .workloads import pages_needed
 
-_FALLBACK_ERRORS = (ImportError, AttributeError, NotImplementedError)
-
-
 def random_keys(tokens: int, device: torch.device, gen: torch.Generator,
                 channel_scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """``[tokens, 128]`` keys: standard normal x a fixed per-channel scale x a per-token
@@ -47,11 +44,10 @@ class PagePool:
         num_pages: pages in the pool (9216 B each).
         device: where the cache lives.
         seed: fixes the keys and every page permutation drawn later.
-        fill_backend: backend of ``write_index_k`` ("auto" = Triton on CUDA); when the Triton
-            write path is not available it falls back to the reference (recorded in
-            ``self.fill_backend``).
+        fill_backend: backend of ``write_index_k`` ("auto" = Triton on CUDA; recorded in
+            ``self.fill_backend``). An error of the write path propagates.
         chunk_tokens: tokens written per ``write_index_k`` call.
-        log: progress callback.
+        log: progress callback (the fill itself logs nothing).
     """
 
     def __init__(self, num_pages: int, device: torch.device, *, seed: int = 0,
@@ -64,27 +60,19 @@ class PagePool:
         self._dev_gen = torch.Generator(device=device).manual_seed(seed + 1)
         self.channel_scale = torch.exp(
             0.75 * torch.randn(HEAD_DIM, generator=self._cpu_gen)).to(device)
-        self.fill_backend = self._fill(fill_backend, chunk_tokens, log)
+        self.fill_backend = self._fill(fill_backend, chunk_tokens)
 
     @property
     def nbytes(self) -> int:
         return self.num_pages * ni.PAGE_BYTES
 
-    def _fill(self, backend: str, chunk_tokens: int, log) -> str:
+    def _fill(self, backend: str, chunk_tokens: int) -> str:
         total = self.num_pages * PAGE_SIZE
         for t0 in range(0, total, chunk_tokens):
             t = min(chunk_tokens, total - t0)
             k = random_keys(t, self.device, self._dev_gen, self.channel_scale)
             slots = torch.arange(t0, t0 + t, dtype=torch.int64, device=self.device)
-            try:
-                ni.write_index_k(self.cache, k, slots, backend=backend)
-            except _FALLBACK_ERRORS as e:
-                if backend == "reference":
-                    raise
-                log(f"pool fill: write_index_k(backend={backend!r}) unavailable "
-                    f"({type(e).__name__}: {str(e)[:120]}); using the reference write path")
-                backend = "reference"
-                ni.write_index_k(self.cache, k, slots, backend=backend)
+            ni.write_index_k(self.cache, k, slots, backend=backend)
             del k, slots
         return backend
 

@@ -5,9 +5,9 @@ API (SPEC 11) minus its ``backend=`` keyword. Any callable may be ``None``: chec
 are then reported as skipped. Built-ins:
 
 * ``reference`` — ``nvfp4_indexer`` with ``backend="reference"`` (exact: no score tolerance).
-* ``triton`` — ``nvfp4_indexer`` with ``backend="triton"``; its score error bound is read from
-  ``nvfp4_indexer.triton.decode.SCORE_ERROR_BITS`` when that exists, else
-  ``DEFAULT_TRITON_BITS`` (16). On a CPU it needs the Triton interpreter (``--interpret``).
+* ``triton`` — ``nvfp4_indexer`` with ``backend="triton"``; its score error bound is
+  ``nvfp4_indexer.triton.decode.SCORE_ERROR_BITS`` of the dot mode the API uses on the device.
+  On a CPU it needs the Triton interpreter (``--interpret``).
 
 A third-party backend is named ``module:attr`` (``--backend mypkg.mymod:make_backend``):
 ``attr`` is a :class:`Backend` instance or a callable returning one; a callable is given the
@@ -16,6 +16,7 @@ requested device (``make_backend(device="cuda")``) when it accepts a ``device`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -24,13 +25,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-#: Operations a backend may provide, in the order checks run them.
-OPS = ("encode_e4m3", "quantize_nvfp4", "dequantize_nvfp4", "write_index_k", "insert_index_k",
-       "prepare_index_q", "gather_index_k_fp8", "page_scores", "decode_indexer",
-       "prefill_indexer", "make_decode_wrapper")
-
-#: Score error bound of the Triton backend when it does not export ``SCORE_ERROR_BITS``:
-#: e = 2^-16 * max over the row's history tokens of sum_d |q_d K_d| (SPEC 9).
+#: SPEC 9's default b (e = 2^-16 * max over the row's history tokens of sum_d |q_d K_d|): the
+#: Triton interpreter's "fp32" dot mode documents it.
 DEFAULT_TRITON_BITS = 16
 
 
@@ -108,6 +104,10 @@ class Backend:
                 "ops": [op for op in OPS if getattr(self, op) is not None], **self.info}
 
 
+#: Operations a backend may provide (its callable fields), in the order checks run them.
+OPS = tuple(f.name for f in dataclasses.fields(Backend) if f.type == "Callable | None")
+
+
 def api_backend(name: str, device: str, **overrides) -> Backend:
     """A backend made of ``nvfp4_indexer`` API calls with ``backend=name``."""
     import nvfp4_indexer as nv
@@ -135,28 +135,20 @@ def reference_backend(device: str = "cpu") -> Backend:
 def triton_score_bits(device="cpu") -> tuple[Any, str]:
     """(bits, source) of the Triton backend on ``device`` (SPEC 9's b).
 
-    ``nvfp4_indexer.triton.decode.SCORE_ERROR_BITS`` may be an int or a dict keyed by dot mode;
-    the mode the API uses on ``device`` comes from ``decode.dot_mode(False,
-    numerics.portable_default(device))`` ("fp32" in the interpreter / off CUDA, "bf16" on a
-    GPU). Without the export: ``DEFAULT_TRITON_BITS``.
+    ``nvfp4_indexer.triton.decode.SCORE_ERROR_BITS`` is an int or a dict keyed by dot mode;
+    the mode the API uses on ``device`` is ``resolve_dot(None, device)`` ("fp32" in the
+    interpreter / off CUDA, the GPU default dot mode on a GPU).
+
+    Raises:
+        ImportError: Triton or the Triton backend cannot be imported.
+        KeyError: ``SCORE_ERROR_BITS`` documents no bound for that dot mode.
     """
-    try:
-        mod = importlib.import_module("nvfp4_indexer.triton.decode")
-    except ImportError as e:
-        return DEFAULT_TRITON_BITS, f"default ({e.__class__.__name__}: {e})"
-    bits = getattr(mod, "SCORE_ERROR_BITS", None)
-    if bits is None:
-        return DEFAULT_TRITON_BITS, "default (no SCORE_ERROR_BITS)"
+    from nvfp4_indexer.triton import decode
+    bits = decode.SCORE_ERROR_BITS
     if not isinstance(bits, Mapping):
         return bits, "nvfp4_indexer.triton.decode.SCORE_ERROR_BITS"
-    try:
-        from nvfp4_indexer.triton.numerics import portable_default
-        key = mod.dot_mode(False, portable_default(torch.device(device)))
-    except (ImportError, AttributeError):
-        key = "fp32" if torch.device(device).type != "cuda" else "bf16"
-    if key in bits:
-        return bits[key], f"nvfp4_indexer.triton.decode.SCORE_ERROR_BITS[{key!r}]"
-    return min(bits.values()), "nvfp4_indexer.triton.decode.SCORE_ERROR_BITS (loosest entry)"
+    key = decode.resolve_dot(None, torch.device(device))
+    return bits[key], f"nvfp4_indexer.triton.decode.SCORE_ERROR_BITS[{key!r}]"
 
 
 def triton_backend(device: str | None = None) -> Backend:

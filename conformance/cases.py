@@ -159,7 +159,7 @@ def load_case(path, device=None, *, verify: bool = True) -> tuple[Case, dict]:
 def replay_case(path, backend, *, max_failures: int = 5, oracle: bool = False):
     """Run a saved case on ``backend``. ``oracle``: recompute the expected outputs with the
     reference instead of using the saved ones."""
-    from .checks import run_case
+    from .ops import run_case
     dev = backend.device if torch.device(backend.device).type == "cuda" else None
     case, _ = load_case(path, dev)
     if oracle:

@@ -21,11 +21,14 @@ import time
 import numpy as np
 import torch
 
-from nvfp4_indexer.constants import HEAD_DIM, PAGE_SIZE, TOPK
+from nvfp4_indexer.constants import HEAD_DIM, PAGE_SIZE
 
 from . import generator as G
 from .backends import Backend
-from .checks import CaseResult, Skip, _judge, _mixed_qsl, oracle
+from .fixtures import OUT_POISON, cache_view, poisoned_storage, selection_out
+from .oracles import mixed_oracle, mixed_qsl
+from .results import CaseResult, Skip
+from .runners import judge_selection
 
 #: Trace sizes per profile: (steps, heads, max_decode_query_len, max_model_len,
 #: max_num_batched_tokens, max_num_seqs, cudagraph sizes).
@@ -103,9 +106,9 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
     num_blocks = max_seqs * max_pages + 8
     page_stride = G.PAGE_BYTES + 16 * int(rng.integers(0, 2))
     dist = ("gaussian", "outlier", "ties")[seed % 3]
-    ctx = G._ctx(rng, dist)
-    storage = G.poisoned_storage(rng, num_blocks, page_stride, dev)
-    cache = G.cache_view(storage, num_blocks, page_stride)
+    ctx = G.dist_context(rng, dist)
+    storage = poisoned_storage(rng, num_blocks, page_stride, dev)
+    cache = cache_view(storage, num_blocks, page_stride)
     free = list(rng.permutation(num_blocks))
     max_rows = max(max_tok, config.max_decode_reqs * max_q)
     width = max_pages + 2
@@ -115,8 +118,7 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
     qsl_buf = torch.zeros(config.max_decode_reqs + max_seqs + 1, dtype=torch.int32, device=dev)
     q_buf = torch.zeros((max_rows + 3, heads, HEAD_DIM), dtype=torch.uint8,
                         device=dev).view(torch.float8_e4m3fn)
-    out_buf = torch.full((max_rows + 3, heads, TOPK), G.OUT_POISON, dtype=torch.int32,
-                         device=dev)
+    out_buf = selection_out(max_rows + 3, heads, dev)
     graphs: dict = {}
     active: list[_Req] = []
     next_id = 0
@@ -204,7 +206,7 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
         kind = "decode-only" if not sched else ("prefill-only" if not nd else "mixed")
         try:
             md = indexer.plan(stepmd)
-            out_buf.fill_(G.OUT_POISON)
+            out_buf.fill_(OUT_POISON)
             key = (nd, q)
             if use_graph and not sched and nd:
                 g = graphs.get(key)
@@ -214,7 +216,7 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
                     g = graphs[key] = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g):
                         indexer.forward(q_buf, cache, md, out_buf)
-                    out_buf.fill_(G.OUT_POISON)
+                    out_buf.fill_(OUT_POISON)
                 g.replay()
             else:
                 indexer.forward(q_buf, cache, md, out_buf)
@@ -232,7 +234,7 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
                      detail=f"engine step {step} ({kind}, nd={nd}, Q={q}) raised")
             results.append(res)
             break
-        if bool((got[rows:] != G.OUT_POISON).any()):
+        if bool((got[rows:] != OUT_POISON).any()):
             res.failed += 1
             res.fail(max_failures, row=rows, head=None, expected="untouched rows past the step",
                      got="modified", detail="Indexer.forward wrote past the step's rows "
@@ -250,10 +252,10 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
                                 dist=dist, page_stride=page_stride, kind=kind,
                                 graph=use_graph and not sched and bool(nd)))
         if rows:
-            exp = oracle(case)
+            exp = mixed_oracle(case.inputs)
             bits_op = "prefill_indexer" if sched else "decode_indexer"
-            _judge(res, case, backend, exp, got[:rows], _mixed_qsl(case.inputs), bits_op,
-                   max_failures)
+            judge_selection(res, case, backend, exp, got[:rows], mixed_qsl(case.inputs),
+                            bits_op, max_failures)
             if not res.ok:
                 res.case_obj, res.expected = case, exp
         res.seconds = time.perf_counter() - t0

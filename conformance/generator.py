@@ -16,6 +16,8 @@ Key and query values come from named distributions (``DISTRIBUTIONS``): gaussian
 with outlier channels, constant/duplicate pages that force exact ties, tiny magnitudes that hit
 the 2^-9 scale floor, huge magnitudes that saturate at 448, a per-page mix, and a "corrupt"
 cache whose history pages carry NaN scale bytes (SPEC 4's NaN rules).
+
+The poison values, storage and cache-view helpers live in ``conformance.fixtures``.
 """
 
 from __future__ import annotations
@@ -30,11 +32,8 @@ from nvfp4_indexer.constants import HEAD_DIM, PAGE_BYTES, PAGE_SIZE, SCALES_OFFS
 from nvfp4_indexer.reference import formats as F
 from nvfp4_indexer.reference.paging import history_pages, write_tokens
 
-POISON_CODE = 0xAB  # code bytes of unwritten slots / unused blocks
-POISON_SCALE = 0x7F  # E4M3 NaN: scale bytes of unwritten slots / unused blocks
-ATTRACTIVE_SCALE = 0x7E  # 448: "attractive" poison blocks score huge if ever read
-ATTRACTIVE_CODES = (0x77, 0xFF)  # +6,+6 and -6,-6
-OUT_POISON = -7  # fill value of output buffers before a backend writes them
+from .fixtures import POISON_SCALE, cache_view, poison_slots, poisoned_storage, rope_cache
+
 BOUNDARY_LENS = (1, 2, 8, 127, 128, 129, 255, 256, 257, 1920, 2047, 2048, 2049, 2050,
                  2175, 2176, 2177, 2303, 2304, 2305)
 DISTRIBUTIONS = ("gaussian", "outlier", "ties", "tiny", "huge", "mixed", "corrupt")
@@ -122,38 +121,6 @@ def case_seed(seed: int, check: str, index: int) -> int:
 # Caches
 # --------------------------------------------------------------------------------------------
 
-def cache_view(storage: torch.Tensor, num_blocks: int, page_stride: int) -> torch.Tensor:
-    """The ``uint8 [num_blocks, 128, 72]`` cache view of a 1-D ``storage`` (SPEC 2)."""
-    return storage.as_strided((num_blocks, PAGE_SIZE, 72), (page_stride, 72, 1))
-
-
-def poisoned_storage(rng: np.random.Generator, num_blocks: int, page_stride: int,
-                     device=None) -> torch.Tensor:
-    """Storage of ``num_blocks`` pages, every page poisoned (NaN or attractive, see module doc)
-    and padding bytes between pages random."""
-    st = rng.integers(0, 256, size=num_blocks * page_stride, dtype=np.uint8)
-    pages = st.reshape(num_blocks, page_stride) if num_blocks else st.reshape(0, page_stride)
-    kind = rng.integers(0, 2, size=num_blocks)
-    for b in range(num_blocks):
-        if kind[b] == 0:
-            pages[b, :SCALES_OFFSET] = POISON_CODE
-            pages[b, SCALES_OFFSET:PAGE_BYTES] = POISON_SCALE
-        else:
-            codes = rng.choice(np.array(ATTRACTIVE_CODES, dtype=np.uint8), size=PAGE_SIZE)
-            pages[b, :SCALES_OFFSET] = np.repeat(codes, 64)
-            pages[b, SCALES_OFFSET:PAGE_BYTES] = ATTRACTIVE_SCALE
-    return torch.from_numpy(st).to(device)
-
-
-def poison_slots(storage: torch.Tensor, page_stride: int, block: int, first_token: int) -> None:
-    """NaN-poison tokens ``first_token .. 127`` of physical ``block`` (unwritten slots)."""
-    if first_token >= PAGE_SIZE:
-        return
-    base = block * page_stride
-    storage[base + first_token * 64: base + SCALES_OFFSET] = POISON_CODE
-    storage[base + SCALES_OFFSET + first_token * 8: base + PAGE_BYTES] = POISON_SCALE
-
-
 def write_keys(storage: torch.Tensor, num_blocks: int, page_stride: int, keys: torch.Tensor,
                slots: torch.Tensor) -> None:
     """Quantize fp32 ``keys [T, 128]`` with the reference (SPEC 1.3) and write them at
@@ -178,8 +145,9 @@ def garbage_ids(rng: np.random.Generator, n: int, num_blocks: int) -> np.ndarray
 # Values
 # --------------------------------------------------------------------------------------------
 
-def _ctx(rng: np.random.Generator, dist: str) -> dict:
-    """Per-case state of a distribution (outlier channels, tie pools)."""
+def dist_context(rng: np.random.Generator, dist: str) -> dict:
+    """Per-case state of a distribution (outlier channels, tie pools), shared by the keys and
+    the queries of one case."""
     return {"dist": dist, "channels": rng.choice(HEAD_DIM, size=3, replace=False),
             "pool": rng.standard_normal((3, HEAD_DIM)).astype(np.float32)}
 
@@ -282,7 +250,7 @@ def build_pool(rng: np.random.Generator, seq_lens: list[int], dist: str, *,
     width = max(max(n_pages, default=0) + (int(rng.integers(0, 3)) if extra_cols is None
                                            else extra_cols), 1)
     bt = np.empty((len(seq_lens), width), dtype=np.int32)
-    ctx = _ctx(rng, dist)
+    ctx = dist_context(rng, dist)
     used = 0
     for r, (s, n) in enumerate(zip(seq_lens, n_pages)):
         blocks = perm[used:used + n]
@@ -500,7 +468,7 @@ def scattered_slots(rng: np.random.Generator, t: int, num_blocks: int) -> torch.
 
 def key_values(rng: np.random.Generator, t: int, dist: str) -> np.ndarray:
     """fp32 keys for write cases: each token from ``dist`` (mixed: per token)."""
-    ctx = _ctx(rng, dist)
+    ctx = dist_context(rng, dist)
     rows = []
     for _ in range(t):
         d = dist if dist not in ("mixed", "corrupt") else \
@@ -526,14 +494,6 @@ def write_case(rng: np.random.Generator, profile: Profile, name: str, seed: int,
                   slot_mapping=slots.to(device))
     meta = dict(T=t, dist=dist, dtype=dtype, page_stride=page_stride)
     return Case("write_index_k", name, seed, inputs, meta=meta)
-
-
-def rope_cache(max_position: int, rotary_dim: int, dtype: torch.dtype,
-               base: float = 10000.0) -> torch.Tensor:
-    """vLLM-style ``cos_sin_cache [max_position, rotary_dim]``: cos then sin (SPEC 3)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    freqs = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
 
 
 def norm_inputs(rng: np.random.Generator, profile: Profile, t: int, dist: str) -> dict:
@@ -582,13 +542,69 @@ def query_case(rng: np.random.Generator, profile: Profile, name: str, seed: int,
     heads = int(rng.choice(HEADS))
     dtype = str(rng.choice(list(_FLOAT_DTYPES)))
     x = query_values(rng, t, heads, "gaussian" if dist in ("tiny", "huge") else dist,
-                     _ctx(rng, dist))
+                     dist_context(rng, dist))
     q = torch.from_numpy(x).to(_FLOAT_DTYPES[dtype])
     inputs = dict(q=q)
     inputs.update(norm_inputs(rng, profile, t, dist))
     inputs = {k_: (v.to(device) if isinstance(v, torch.Tensor) else v) for k_, v in inputs.items()}
     meta = dict(T=t, H=heads, dist=dist, dtype=dtype, rotary_dim=inputs["rotary_dim"])
     return Case("prepare_index_q", name, seed, inputs, meta=meta)
+
+
+def _nan_norm_inputs(rng: np.random.Generator, inputs: dict, x: torch.Tensor) -> torch.Tensor:
+    """Put SPEC 1.1 / 1.3 NaN edges into a norm + RoPE case, in place on ``inputs``: one NaN
+    norm-weight dim (every row then has one or two NaN values among finite ones, so a group's
+    amax must skip NaN), a NaN cos/sin row at the position of the last token and ~1/8 of the
+    others, and returns ``x`` (float32, leading dims flattened to rows) with a NaN element in
+    row 0 and ~1/8 of the rows (the norm makes the whole row NaN) and a +-inf element in row 1
+    and ~1/16 of the rows (NaN there, 0 elsewhere)."""
+    w = inputs["weight"].clone()
+    w[int(rng.integers(0, HEAD_DIM))] = float("nan")
+    inputs["weight"] = w
+    cs = inputs["cos_sin_cache"].clone()
+    p_nan = int(rng.integers(0, cs.shape[0]))
+    cs[p_nan, int(rng.integers(0, cs.shape[1]))] = float("nan")
+    inputs["cos_sin_cache"] = cs
+    pos = inputs["positions"].clone()
+    pos[torch.from_numpy(rng.random(pos.shape[0]) < 0.125)] = p_nan
+    pos[-1] = p_nan
+    inputs["positions"] = pos
+    rows = x.reshape(-1, HEAD_DIM).to(torch.float32).clone()
+    n = rows.shape[0]
+    idx = torch.arange(n)
+    nan_rows = torch.from_numpy(rng.random(n) < 0.125)
+    nan_rows[0] = True
+    inf_rows = torch.from_numpy(rng.random(n) < 0.0625) & ~nan_rows
+    inf_rows[1:2] = True
+    dims = torch.from_numpy(rng.integers(0, HEAD_DIM, size=n))
+    rows[idx[nan_rows], dims[nan_rows]] = float("nan")
+    signs = torch.from_numpy(rng.choice([-1.0, 1.0], size=n)).to(torch.float32)
+    rows[idx[inf_rows], dims[inf_rows]] = signs[inf_rows] * float("inf")
+    return rows
+
+
+def nan_insert_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, *,
+                    device=None) -> Case:
+    """``insert_index_k`` with NaN / inf keys, a NaN norm-weight dim and a NaN cos/sin row:
+    NaN values skipped by the group amax and quantized to code 0 (SPEC 1.3, 3)."""
+    c = insert_case(rng, profile, name, seed, "gaussian")
+    inputs = dict(c.inputs)
+    k = inputs["k"]
+    inputs["k"] = _nan_norm_inputs(rng, inputs, k).to(k.dtype)
+    inputs = {k_: (v.to(device) if isinstance(v, torch.Tensor) else v) for k_, v in inputs.items()}
+    return Case("insert_index_k", name, seed, inputs, meta=dict(c.meta, dist="nan"))
+
+
+def nan_query_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, *,
+                   device=None) -> Case:
+    """``prepare_index_q`` with NaN / inf queries, a NaN norm-weight dim and a NaN cos/sin
+    row: NaN values encode as 0x7F (SPEC 1.1, 3)."""
+    c = query_case(rng, profile, name, seed, "gaussian")
+    inputs = dict(c.inputs)
+    q = inputs["q"]
+    inputs["q"] = _nan_norm_inputs(rng, inputs, q).reshape(q.shape).to(q.dtype)
+    inputs = {k_: (v.to(device) if isinstance(v, torch.Tensor) else v) for k_, v in inputs.items()}
+    return Case("prepare_index_q", name, seed, inputs, meta=dict(c.meta, dist="nan"))
 
 
 # --------------------------------------------------------------------------------------------

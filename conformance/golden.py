@@ -22,6 +22,7 @@ change of semantics fails until the set is deliberately regenerated.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import time
 from dataclasses import asdict
@@ -38,7 +39,8 @@ from . import generator as G
 from . import suite as S
 from .backends import Backend
 from .cases import case_from_arrays, case_to_arrays, numpy_to_tensor, sha256_array, tensor_to_numpy
-from .checks import CaseResult, oracle, run_case
+from .ops import oracle, run_case
+from .results import CaseResult
 
 GOLDEN_FORMAT = "nvfp4-indexer-golden"
 GOLDEN_FORMAT_VERSION = 1
@@ -56,6 +58,11 @@ GOLDEN_PROFILE = G.Profile(
 _GOLDEN_CHECKS = ("codec", "write", "insert", "gather", "scores", "decode", "prefill", "mixed")
 
 
+#: Cases added to the generator after set v1 was written: left out so that ``golden write``
+#: reproduces v1 array for array (a v2 set would carry them).
+_AFTER_V1 = ("insert/nan/*", "query/nan/*")
+
+
 def golden_cases(seed: int = GOLDEN_SEED):
     """(check, case) pairs of the golden set."""
     p = GOLDEN_PROFILE
@@ -63,6 +70,8 @@ def golden_cases(seed: int = GOLDEN_SEED):
         for case in S.build_cases(check, p, seed):
             if check == "scores" and case.name.endswith("001"):
                 continue  # one page-score case is enough
+            if any(fnmatch.fnmatch(case.name, g) for g in _AFTER_V1):
+                continue
             yield check, case
 
 
@@ -234,7 +243,6 @@ def verify_golden(directory, backend: Backend, *, oracle_check: bool = False,
                   max_failures: int = 5, on_result=None, case_glob: str | None = None):
     """Verify ``backend`` against a golden set. Returns the list of :class:`CaseResult`
     (integrity and tables first, then every case, then oracle re-derivations)."""
-    import fnmatch
     manifest, data = load_golden(directory)
     results = [check_integrity(manifest, data), check_tables(manifest, data)]
     for r in results:

@@ -18,11 +18,14 @@ import time
 import numpy as np
 import torch
 
-from nvfp4_indexer.constants import HEAD_DIM, PAGE_SIZE, TOPK
+from nvfp4_indexer.constants import HEAD_DIM, PAGE_SIZE
 
 from . import generator as G
 from .backends import Backend
-from .checks import CaseResult, Skip, _judge, _decode_rows, oracle
+from .fixtures import OUT_POISON, cache_view, poisoned_storage, selection_out
+from .oracles import decode_oracle, decode_rows
+from .results import CaseResult, Skip
+from .runners import judge_selection
 
 _MUTATIONS = ("longer", "shorter", "new-block-table", "padding", "all")
 
@@ -35,10 +38,10 @@ def wrapper_sessions(profile: G.Profile) -> list[tuple[int, int]]:
 def _fill_pool(rng, num_blocks, page_stride, n_valid, device, dist):
     """A pool whose first ``n_valid`` blocks (in a random order) hold full pages of keys and
     whose other blocks are poison."""
-    storage = G.poisoned_storage(rng, num_blocks, page_stride, device)
+    storage = poisoned_storage(rng, num_blocks, page_stride, device)
     perm = rng.permutation(num_blocks)
     valid = perm[:n_valid]
-    ctx = G._ctx(rng, dist)
+    ctx = G.dist_context(rng, dist)
     keys = torch.from_numpy(G.request_keys(rng, n_valid * PAGE_SIZE, dist, ctx))
     t = np.arange(n_valid * PAGE_SIZE)
     slots = torch.from_numpy(valid[t // PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE)
@@ -111,12 +114,12 @@ def wrapper_session(backend: Backend, profile: G.Profile, seed: int, name: str, 
     dist = "gaussian" if seed % 2 else "outlier"
     page_stride = G.PAGE_BYTES + 16 * int(rng.integers(0, 2))
     storage, valid, ctx = _fill_pool(rng, num_blocks, page_stride, n_valid, dev, dist)
-    cache = G.cache_view(storage, num_blocks, page_stride)
+    cache = cache_view(storage, num_blocks, page_stride)
     bt_buf = torch.full((batch, width), -1, dtype=torch.int32, device=dev)
     sl_buf = torch.zeros(batch, dtype=torch.int32, device=dev)
     q_buf = torch.zeros((batch * q, heads, HEAD_DIM), dtype=torch.uint8,
                         device=dev).view(torch.float8_e4m3fn)
-    out_buf = torch.full((batch * q, heads, TOPK), G.OUT_POISON, dtype=torch.int32, device=dev)
+    out_buf = selection_out(batch * q, heads, dev)
     results: list[CaseResult] = []
 
     def result(step):
@@ -154,14 +157,14 @@ def wrapper_session(backend: Backend, profile: G.Profile, seed: int, name: str, 
         t0 = time.perf_counter()
         try:
             wrapper.plan(bt_buf, sl_buf, q, num_blocks=num_blocks)
-            out_buf.fill_(G.OUT_POISON)
+            out_buf.fill_(OUT_POISON)
             if use_graph and graph is None:
                 wrapper.run(q_buf, cache, out_buf)  # warm-up / compile outside capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     wrapper.run(q_buf, cache, out_buf)
-                out_buf.fill_(G.OUT_POISON)
+                out_buf.fill_(OUT_POISON)
             if graph is not None:
                 graph.replay()
                 torch.cuda.synchronize()
@@ -186,9 +189,9 @@ def wrapper_session(backend: Backend, profile: G.Profile, seed: int, name: str, 
                       meta=dict(B=batch, Q=q, H=heads, seq_lens=lens, dist=dist,
                                 page_stride=page_stride, mutation=mutation,
                                 graph=graph is not None))
-        exp = oracle(case)
-        _judge(res, case, backend, exp, got, _decode_rows(case.inputs, "cpu"),
-               "decode_indexer", max_failures)
+        exp = decode_oracle(case.inputs)
+        judge_selection(res, case, backend, exp, got, decode_rows(case.inputs, "cpu"),
+                        "decode_indexer", max_failures)
         if not res.ok:
             case.inputs["storage"] = storage.clone()
             res.case_obj, res.expected = case, exp

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from nvfp4_indexer.provenance import git_state
 
-from .checks import CaseResult, Failure
+from .results import CaseResult, Failure
 
 SCHEMA = "nvfp4-indexer-conformance-report/1"
 

@@ -24,7 +24,8 @@ from nvfp4_indexer.reference import formats as F
 from conformance import generator as G
 from conformance.backends import Backend, load_backend, reference_backend
 from conformance.cases import load_case, replay_case, save_case
-from conformance.checks import (explain_keys, explain_queries, run_case, tie_aware_check)
+from conformance.checks import (explain_keys, explain_queries, explain_row, run_case,
+                                 tie_aware_check)
 from conformance.cli import main as cli_main
 from conformance.golden import DEFAULT_DIR, check_integrity, load_golden, verify_golden
 from conformance.graphs import wrapper_session
@@ -132,6 +133,29 @@ def test_tie_aware_nan_pages_rank_last():
     bad = good.clone()
     bad[0, 0, 14] = 16  # NaN page instead of the weakest numeric one
     assert tie_aware_check(bad, s, mag, local, 8).failed == 1
+
+
+def test_tie_aware_nan_pages_by_smaller_id():
+    """NaN scores are exact (NaN bytes), so even a tie-aware backend must rank NaN pages among
+    themselves by smaller id (SPEC 5)."""
+    L = 17
+    vals = [float(j) for j in range(L)]
+    for j in (2, 5, 9, 12):
+        vals[j] = float("nan")  # 13 numeric pages: two NaN pages are selected (2 then 5)
+    s = _one_row(vals, L)
+    local = torch.tensor([L])
+    mag = torch.full((1, 1), 100.0, dtype=torch.float64)
+    good = ref.select_pages(s, local)
+    assert good[0, 0, 13:].tolist() == [2, 5, L]
+    assert tie_aware_check(good, s, mag, local, 8).failed == 0
+    swapped = good.clone()
+    swapped[0, 0, [13, 14]] = swapped[0, 0, [14, 13]]
+    skipped = good.clone()
+    skipped[0, 0, 14] = 9  # NaN page 9 kept over NaN page 5
+    for bad in (swapped, skipped):
+        r = tie_aware_check(bad, s, mag, local, 8)
+        assert r.failed == 1
+        assert "smaller id" in explain_row(r, 0, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,6 +293,32 @@ def test_query_band_and_signed_zero():
     assert r.tolist() == [False, True, False, True, False]
 
 
+def test_band_judges_follow_spec_nan_rules():
+    """SPEC 1.3: a group's amax skips NaN (0 when all are NaN: scale 2^-9) and NaN quantizes
+    to code 0; SPEC 1.1: NaN encodes as 0x7F."""
+    v = torch.zeros(2, 128, dtype=torch.float64)
+    v[:, 0] = 6 * 1.0625  # amax / 6 on the E4M3 midpoint of 1.0 and 1.125
+    v[:, 1] = 1.0
+    v[:, 3] = math.nan  # group 0: one NaN among finite values
+    v[1, 16:32] = math.nan  # token 1, group 1: all NaN
+    mag = v.abs() * 1.5
+    ref_c, ref_s = F.quantize_nvfp4(v.to(torch.float32))
+    got_c, got_s = F.quantize_nvfp4((v * (1 + 2.0 ** -20)).to(torch.float32))
+    ref_s, got_s = ref_s.view(torch.uint8), got_s.view(torch.uint8)
+    assert got_s[0, 0] != ref_s[0, 0] and int(ref_s[1, 1]) == 0x01
+    ok, proofs = explain_keys(v, mag, got_c, got_s, ref_c, ref_s)
+    assert ok.tolist() == [True, True] and any("scale" in p for p in proofs)
+    bad_c = got_c.clone()
+    bad_c[0, 1] = (bad_c[0, 1] & 0x0F) | 0x10  # dim 3 (NaN) given code 1
+    assert explain_keys(v, mag, bad_c, got_s, ref_c, ref_s)[0].tolist() == [False, True]
+    bad_s = got_s.clone()
+    bad_s[1, 1] = 0x38  # the all-NaN group's scale must be the 2^-9 floor
+    assert explain_keys(v, mag, got_c, bad_s, ref_c, ref_s)[0].tolist() == [True, False]
+    qv = torch.tensor([math.nan, math.nan, math.nan, 1.0], dtype=torch.float64)
+    got = torch.tensor([0x7F, 0xFF, 0x00, 0x38], dtype=torch.uint8)
+    assert explain_queries(qv, qv.abs(), got).tolist() == [True, False, False, True]
+
+
 def test_insert_case_detects_perturbed_kernel():
     def insert(cache, k, positions, slot_mapping, w, cs, *, rotary_dim=64, eps=1e-6):
         y = ref.norm_rope(k, positions, w, cs, rotary_dim, eps) * 1.001
@@ -312,12 +362,66 @@ def test_wrapper_replay_detects_stale_results():
 def test_backend_exceptions_are_failures_and_missing_ops_skip():
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
+
+    def renamed(*a, **k):  # a launcher module renamed inside the Triton backend
+        raise ModuleNotFoundError("No module named 'nvfp4_indexer.triton.decode_v2'")
     case = _decode_case()
     b = dataclasses.replace(reference_backend(), decode_indexer=boom)
     r = run_case(case, b)
     assert r.failed == 1 and "kernel exploded" in r.failures[0].got
+    r = run_case(case, dataclasses.replace(reference_backend(), decode_indexer=renamed))
+    assert r.failed == 1 and not r.skipped and "nvfp4_indexer.triton" in r.failures[0].got
     r = run_case(case, dataclasses.replace(reference_backend(), decode_indexer=None))
     assert r.skipped and r.ok
+
+
+def test_op_records_counts_and_backend_callables():
+    """Every check's case count is the length of its case list (smoke sizes), every case op
+    has one record, and the records name only Backend callables."""
+    from conformance import ops
+    from conformance.backends import OPS
+    counts = ops.case_counts(SMOKE)
+    for check in ops.CHECKS:
+        recs = ops.records_of(check)
+        if any(r.session for r in recs):
+            continue
+        cases = list(ops.build_cases(check, SMOKE, 3))
+        assert len(cases) == counts[check], check
+        assert {c.op for c in cases} == {r.name for r in recs}, check
+        assert all(ops.op_record(c.op).check == check for c in cases)
+    assert set(ops.CHECK_DOCS) == set(ops.CHECKS)
+    assert {b for r in ops.OPS for b in r.backend} == set(OPS)
+    with pytest.raises(ValueError, match="unknown check"):
+        list(ops.build_cases("nope", SMOKE, 0))
+    with pytest.raises(ValueError, match="unknown op"):
+        ops.op_record("nope")
+
+
+def test_nan_insert_and_query_cases():
+    """The generator's NaN cases carry NaN values among finite ones (a NaN norm-weight dim),
+    whole NaN rows and a NaN cos/sin row; the reference passes them, and a kernel that gives
+    a NaN value a non-zero code (keys) or a byte other than 0x7F (queries) fails."""
+    from conformance import ops
+    cases = [c for c in ops.build_cases("insert", SMOKE, 5) if "/nan/" in c.name]
+    assert [c.op for c in cases] == ["insert_index_k", "prepare_index_q"]
+    for case in cases:
+        exp = ops.oracle(case)
+        nan = torch.isnan(exp["value"]).reshape(-1, 128)
+        assert bool(nan.all(-1).any()) and bool((nan.any(-1) & ~nan.all(-1)).any())
+        assert run_case(case, reference_backend()).ok
+
+    def bad_query(q, positions, w, cs, *, rotary_dim=64, eps=1e-6):
+        out = ref.prepare_index_q(q, positions, w, cs, rotary_dim, eps).view(torch.uint8)
+        return torch.where(out == 0x7F, 0xFF, out).to(torch.uint8).view(torch.float8_e4m3fn)
+
+    def bad_insert(cache, k, positions, slot_mapping, w, cs, *, rotary_dim=64, eps=1e-6):
+        y = ref.norm_rope(k, positions, w, cs, rotary_dim, eps)
+        c, s = ref.quantize_nvfp4(torch.where(torch.isnan(y), 1.0, y))  # NaN read as 1.0
+        ref.write_tokens(cache, c, s, slot_mapping)
+    b = dataclasses.replace(reference_backend(), name="nan-bugs", exact_insert=False,
+                            prepare_index_q=bad_query, insert_index_k=bad_insert)
+    for case in cases:
+        assert run_case(case, b).failed > 0, case.name
 
 
 # --------------------------------------------------------------------------------------------

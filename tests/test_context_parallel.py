@@ -31,10 +31,12 @@ from nvfp4_indexer.context_parallel import ContextParallelDecodeWrapper, exchang
 from nvfp4_indexer.reference import candidates as rc
 from nvfp4_indexer.triton.topk import pack_candidate
 
+from conformance.fixtures import OUT_POISON
+
 HAS_CUDA = torch.cuda.is_available()
 COLLECTIVE_TIMEOUT_S = 60
 SPAWN_TIMEOUT_S = 240
-POISON = -7
+POISON = OUT_POISON
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # numpy NaN (interpreter)
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),

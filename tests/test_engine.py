@@ -12,7 +12,8 @@ import torch
 import nvfp4_indexer as ni
 from nvfp4_indexer.engine import PrefillChunk, plan_prefill_chunks
 
-POISON = -7
+from conformance.fixtures import OUT_POISON as POISON
+
 H = 2
 
 

@@ -11,15 +11,9 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
+from conformance.fixtures import rope_cache as cos_sin_cache  # vLLM layout: cos | sin
 
 REF = {"backend": "reference"}
-
-
-def cos_sin_cache(max_pos: int, rotary_dim: int, dtype, base: float = 10000.0):
-    """vLLM layout: ``[max_pos, rotary_dim]``, cos in the first half, sin in the second."""
-    inv = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cat([ang.cos(), ang.sin()], dim=-1).to(dtype)
 
 
 def f32_numpy(t: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,108 @@
+"""What a check reports: :class:`Failure` (one mismatch, with what a reproducer needs) and
+:class:`CaseResult` (the verdict counts of one case); :class:`Skip` marks an op a backend
+declares absent (``None``) or not implemented (``NotImplementedError``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .generator import Case
+
+
+class Skip(Exception):
+    """The backend declares an op absent (``None``) or raises ``NotImplementedError``."""
+
+
+def jsonable(x):
+    """``x`` as plain JSON data (tensors and arrays as lists, non-finite floats as strings)."""
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.tolist()
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x
+
+
+@dataclass
+class Failure:
+    """One mismatch, with what a reproducer needs."""
+
+    check: str
+    case: str
+    seed: int
+    row: int | None
+    head: int | None
+    expected: Any
+    got: Any
+    detail: str
+    case_file: str | None = None
+
+    def reproducer(self, backend: str = "BACKEND", rerun: str | None = None) -> str:
+        """Seed, case, row, expected vs got; ``rerun``: a command template with ``{case}``."""
+        where = "" if self.row is None else f" row={self.row}" + (
+            "" if self.head is None else f" head={self.head}")
+        lines = [f"[{self.check}] case={self.case} seed={self.seed}{where}: {self.detail}",
+                 f"    expected: {self.expected}", f"    got:      {self.got}"]
+        if rerun:
+            lines.append("    rerun:    " + rerun.format(case=self.case))
+        if self.case_file:
+            lines.append(f"    replay:   python -m conformance replay {self.case_file} "
+                         f"--backend {backend}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "case": self.case, "seed": self.seed, "row": self.row,
+                "head": self.head, "expected": jsonable(self.expected),
+                "got": jsonable(self.got), "detail": self.detail, "case_file": self.case_file}
+
+
+@dataclass
+class CaseResult:
+    """Outcome of one case: counts of compared rows by verdict.
+
+    ``exact``: identical to the expectation. ``tolerance``: different but valid (top-k within
+    the SPEC 9 bound, insert differences each explained by SPEC 3's band). ``needed_bound``:
+    top-k rows that are only valid because of the bound (they fail with e = 0).
+    ``max_gap``: largest normalized gap max(S[w] - S[u]) / M over rows that needed the bound.
+    """
+
+    check: str
+    op: str
+    case: str
+    seed: int
+    rows: int = 0
+    exact: int = 0
+    tolerance: int = 0
+    needed_bound: int = 0
+    failed: int = 0
+    max_gap: float | None = None
+    bound: float | None = None
+    skipped: str | None = None
+    explained: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+    case_obj: Case | None = None  # kept for failing cases only (to save a case file)
+    expected: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and not self.failures
+
+    def fail(self, max_failures: int, **kw) -> None:
+        if len(self.failures) < max_failures:
+            self.failures.append(Failure(check=self.check, case=self.case, seed=self.seed, **kw))
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "op": self.op, "case": self.case, "seed": self.seed,
+                "rows": self.rows, "exact": self.exact, "tolerance": self.tolerance,
+                "needed_bound": self.needed_bound, "failed": self.failed,
+                "max_gap": jsonable(self.max_gap), "bound": self.bound,
+                "skipped": self.skipped,
+                "explained": self.explained[:5], "seconds": round(self.seconds, 4),
+                "failures": [f.to_json() for f in self.failures]}
