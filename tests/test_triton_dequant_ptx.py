@@ -428,26 +428,30 @@ def test_interpreter_decode_default_and_small_window_match_reference():
 
 
 def test_runner_rejects_bad_knobs():
-    """DecodeRunner validates the lab knobs before any launch (no GPU needed)."""
-    from nvfp4_indexer.triton import decode
+    """DecodeConfig / DecodeRunner validate the lab knobs before any launch (no GPU needed)."""
+    from nvfp4_indexer.triton import DecodeConfig, decode
+
+    def make(**knobs):
+        return decode.DecodeRunner(4, 2, 8, 2, "cpu", config=DecodeConfig(**knobs),
+                                   warmup=False)
     with pytest.raises(ValueError, match="dequant"):
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="bogus", warmup=False)
+        make(dequant="bogus")
     with pytest.raises(ValueError, match="dequant"):  # ptx modes need a CUDA GPU
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="ptx", warmup=False)
+        make(dequant="ptx")
     with pytest.raises(ValueError, match="num_warps"):
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", num_warps=3, warmup=False)
+        make(num_warps=3)
     for bad in (3, 0, 512):  # a power of two with window * BLOCK_M <= 4096 (BLOCK_M 16)
         with pytest.raises(ValueError, match="window"):
-            decode.DecodeRunner(4, 2, 8, 2, "cpu", window=bad, warmup=False)
+            make(window=bad)
     with pytest.raises(ValueError, match="maxnreg"):
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", maxnreg=8, warmup=False)
+        make(maxnreg=8)
     for bad in (-1, 0, 2.5, "3", True, decode.MAX_SPLITS + 1):  # never silently unwritten
         with pytest.raises(ValueError, match="num_splits"):
-            decode.DecodeRunner(4, 2, 8, 2, "cpu", num_splits=bad, warmup=False)
+            make(num_splits=bad)
     for bad in (True, 1, "yes"):  # programmatic dependent launch: a bool, SM90+ CUDA only
         with pytest.raises(ValueError, match="pdl"):
-            decode.DecodeRunner(4, 2, 8, 2, "cpu", pdl=bad, warmup=False)
-    r = decode.DecodeRunner(4, 2, 8, 2, "cpu", programs_per_sm=1, warmup=False)
+            make(pdl=bad)
+    r = make(programs_per_sm=1)
     assert r.dequant == "triton" and r.num_splits >= 1
 
 
@@ -500,8 +504,8 @@ def test_gpu_decode_modes_match_triton(mode, window):
     outs = {}
     for name, kw in (("base", {}), ("new", {"dequant": mode, "window": window})):
         out = torch.full((b * q_len, heads, 16), -7, dtype=torch.int32, device=dev)
-        decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev, **kw).run(q, pool.cache, bt, sl,
-                                                                         out)
+        decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev,
+                            config=decode.DecodeConfig(**kw)).run(q, pool.cache, bt, sl, out)
         outs[name] = out
     torch.cuda.synchronize()
     if not torch.equal(outs["base"], outs["new"]):  # only exact-tie reorderings are allowed

@@ -415,7 +415,9 @@ def test_gather_into_rejects_bad_tuning():
         bad.append(dict(dequant="ptx"))
     for kw in bad:
         with pytest.raises(ValueError, match=next(iter(kw))):
-            g.gather_into(cache, block_table, seq_lens, off, ws, 6, **kw)
+            portable = kw.pop("portable", None)
+            g.gather_into(cache, block_table, seq_lens, off, ws, 6, portable=portable,
+                          config=g.GatherConfig(**kw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,8 +501,8 @@ def test_insert_index_k_layouts_tiles_and_edges(rot, layout, tile):
     slots = slots.to(DEV)
     got, want = _poisoned_cache(num_blocks), _poisoned_cache(num_blocks)
     bt, nw = tile if tile else (None, None)
-    K["insert"].insert_index_k(got, k, positions, slots, weight, cs, rot, 1e-6, block_t=bt,
-                               num_warps=nw)
+    K["insert"].insert_index_k(got, k, positions, slots, weight, cs, rot, 1e-6,
+                               config=K["insert"].InsertConfig(block_t=bt, num_warps=nw))
     api.insert_index_k(want, k, positions, slots, weight, cs, rotary_dim=rot,
                        backend="reference")
     diff = _storage(got) != _storage(want)
@@ -735,7 +737,8 @@ def test_gpu_gather_misaligned_workspace():
     flat = torch.full((n + 8,), POISON, dtype=torch.uint8, device="cuda")
     ws = flat[2:2 + n].view(-1, 128, 128)
     with pytest.raises(ValueError, match="aligned"):
-        K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6, dequant="ptx")
+        K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6,
+                                config=K["gather"].GatherConfig(dequant="ptx"))
     K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6)
     torch.cuda.synchronize()
     _assert_bytes_equal(ws, rws)

@@ -1,7 +1,7 @@
 """Triton page scores: page maxima of every query row read from the NVFP4 pages (SPEC 4).
 
 Grid ``(row blocks, page groups)``: a row block is up to ``BLOCK_M`` (token, head) rows of
-one request (``scoring.plan_row_blocks``); program (k, g) scores the block's pages
+one request (``heuristics.plan_row_blocks``); program (k, g) scores the block's pages
 ``[g * PAGES_PER_PROGRAM, (g + 1) * PAGES_PER_PROGRAM)`` below the block's largest local page
 and stores each page maximum where ``j < L`` of the row. Everything else of the
 ``[T, H, W]`` output is -inf (filled before the launch). Scores carry the dot mode's rounding
@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .heuristics import plan_row_blocks
 from .numerics import device_guard
-from .scoring import (block_rows_info, load_q_pairs_t, nvfp4_page_scores, plan_row_blocks,
-                      resolve_dot)
+from .scoring import block_rows_info, load_q_pairs_t, nvfp4_page_scores, resolve_dot
 
 PAGES_PER_PROGRAM = 8
 MAX_BLOCK_M = 64  # (token, head) rows per program
