@@ -378,7 +378,7 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
     wss[0].view(torch.uint8).fill_(0x5A)  # poison: every byte must be written
     if ctx.fast_backend == "triton":
         from nvfp4_indexer.triton import gather as tg
-        _, dequant, tok_block, num_warps, parts = tg.resolve_tuning(dev)
+        _, dequant, tok_block, num_warps, parts, streaming = tg.resolve_tuning(dev)
         rec["path"] = "nvfp4_indexer.triton.gather.gather_into"
         rec["tuning"] = {"dequant": dequant, "tok_block": tok_block, "num_warps": num_warps,
                          "page_parts": parts}

@@ -382,21 +382,21 @@ def test_profile_decode_needs_a_gpu():
     """The ncu driver script exits 2 with a message when there is no CUDA GPU."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    from benchmarks import profile_decode
+    from benchmarks.labs import profile_decode
     assert profile_decode.main(["1", "4000", "window=1"]) == 2
 
 
 def test_profile_case_cli():
     """``profile_case``: each part needs its number of sizes and key=value keywords (usage
     error, exit 2, checked before the GPU); with valid arguments and no GPU it returns 2."""
-    from benchmarks import profile_case
+    from benchmarks.labs import profile_case
     for bad in (["decode", "1"], ["prefill", "1024", "0"], ["gather", "1", "2", "3", "4"],
                 ["decode", "1", "4000", "=3"], ["bogus", "1", "2"], ["decode", "1", "x"],
                 ["decode", "0", "4000"], ["prefill", "1024", "0", "0"], ["decode", "-1", "5"]):
         with pytest.raises(SystemExit) as e:
             profile_case.main(bad)
         assert e.value.code == 2 or "key=value" in str(e.value.code), bad
-    from benchmarks.profile_case import _knobs
+    from benchmarks.labs.profile_case import _knobs
     assert _knobs(["streaming=False", "tokens_on_n=TRUE", "window=1", "dequant=ptx"]) == {
         "streaming": False, "tokens_on_n": True, "window": 1, "dequant": "ptx"}
     if torch.cuda.is_available():
@@ -407,10 +407,10 @@ def test_profile_case_cli():
 
 
 def test_knob_lab_parse_variant():
-    """``--variant NAME:KEY=VALUE,...`` of benchmarks.knob_lab: ints parsed, bad items refused."""
+    """``--variant NAME:KEY=VALUE,...`` of benchmarks.labs.knob_lab: ints parsed, bad items refused."""
     import argparse
 
-    from benchmarks.knob_lab import parse_variant
+    from benchmarks.labs.knob_lab import parse_variant
     assert parse_variant("tb32:tok_block=32,dequant=ptx,page_parts=1") == (
         "tb32", {"tok_block": 32, "dequant": "ptx", "page_parts": 1})
     assert parse_variant("base:") == ("base", {})

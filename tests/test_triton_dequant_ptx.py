@@ -402,7 +402,7 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
 
 _INTERP_SCRIPT = r'''
 import torch
-from benchmarks import dequant_lab as L
+from benchmarks.labs import dequant_lab as L
 rows = L.check_decode(torch.device("cpu"), {"base": {}, "win2": dict(window=2)},
                       lens=(2300, 0, 129, 2100))
 for what, verdict in rows:
@@ -460,9 +460,9 @@ def test_runner_rejects_bad_knobs():
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 if HAS_CUDA:
-    # the lab's operand kernel and pages (benchmarks/dequant_lab.py): one definition of both
-    from benchmarks.dequant_lab import operand_kernel as _operand_kernel
-    from benchmarks.dequant_lab import pair_page_cache as _pair_page_cache
+    # the lab's operand kernel and pages (benchmarks/labs/dequant_lab.py): one definition of both
+    from benchmarks.labs.dequant_lab import operand_kernel as _operand_kernel
+    from benchmarks.labs.dequant_lab import pair_page_cache as _pair_page_cache
 
 
 @pytest.mark.gpu
