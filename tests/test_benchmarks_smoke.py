@@ -21,7 +21,8 @@ import nvfp4_indexer as ni  # noqa: E402
 from benchmarks import workloads as wl  # noqa: E402
 from benchmarks.pool import PagePool  # noqa: E402
 from benchmarks.report import markdown, summary_lines  # noqa: E402
-from benchmarks.suites import Context, _finish, summarize, written_bytes  # noqa: E402
+from benchmarks.context import Context, _finish, written_bytes  # noqa: E402
+from benchmarks.suites import summarize  # noqa: E402
 from benchmarks.timing import (Timing, graph_sequence, mix_ceiling_gbps,  # noqa: E402
                                mm16_matmul_ceiling, rotation_slots, stream_ceilings,
                                time_eager)
@@ -407,7 +408,8 @@ def test_profile_case_cli():
 
 
 def test_knob_lab_parse_variant():
-    """``--variant NAME:KEY=VALUE,...`` of benchmarks.labs.knob_lab: ints parsed, bad items refused."""
+    """``--variant NAME:KEY=VALUE,...`` of benchmarks.labs.knob_lab: ints parsed, bad items
+    refused."""
     import argparse
 
     from benchmarks.labs.knob_lab import parse_variant

@@ -112,8 +112,8 @@ def _attempt(ctx, label: str, fn) -> bool:
 
 
 def make_context(budget_s: float = 3600.0):
-    """A ``benchmarks.suites.Context`` on the current GPU with both ceilings measured."""
-    from .. import suites
+    """A ``benchmarks.context.Context`` on the current GPU with both ceilings measured."""
+    from ..context import Context
     from ..timing import (
         GRAPH_CALLS,
         REPLAYS,
@@ -125,7 +125,7 @@ def make_context(budget_s: float = 3600.0):
     )
     dev = torch.device("cuda", torch.cuda.current_device())
     l2 = l2_bytes(dev)
-    ctx = suites.Context(device=dev, smoke=False, fast_backend="triton", l2_bytes=l2,
+    ctx = Context(device=dev, smoke=False, fast_backend="triton", l2_bytes=l2,
                          graph_calls=GRAPH_CALLS, warmup=WARMUP, replays=REPLAYS,
                          deadline=time.monotonic() + budget_s, reference=False, log=log)
     ctx.copy_gbps = copy_ceiling(dev)["gbps"]
@@ -161,7 +161,7 @@ def _prefill_case(ctx, case, variants: dict) -> bool:
 
     from .. import workloads as wl
     from ..pool import random_index_q
-    from ..suites import _prefill_inputs
+    from ..prefill_suite import _prefill_inputs
     tr = wl.prefill_traffic(case)
     _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
     q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
@@ -201,7 +201,8 @@ def _gather_case(ctx, case, variants: dict) -> bool:
     from nvfp4_indexer.triton import gather as tg
 
     from .. import workloads as wl
-    from ..suites import _prefill_inputs, gather_slots
+    from ..gather_suite import gather_slots
+    from ..prefill_suite import _prefill_inputs
     tr = wl.gather_traffic(case)
     slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
     sl, _width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
@@ -238,7 +239,7 @@ def insert_part(ctx, variants: dict) -> None:
     from nvfp4_indexer.triton import insert as ti
 
     from .. import workloads as wl
-    from ..suites import insert_inputs
+    from ..insert_suite import insert_inputs
     from ..timing import rotation_slots
     case = wl.InsertCase()
     tr = wl.insert_traffic(case)

@@ -5,7 +5,7 @@ Usage (one GPU)::
     ncu --clock-control none --set full -k regex:_decode_score_kernel \\
         --launch-skip 2 --launch-count 1 -o decode \\
         python -m benchmarks.labs.profile_case decode 128 100000
-    python -m benchmarks.labs.profile_case decode 1 32000 window=1 maxnreg=128  # DecodeConfig fields
+    python -m benchmarks.labs.profile_case decode 1 32000 window=1 maxnreg=128  # config
     python -m benchmarks.labs.profile_case prefill 16384 32768 1   # new tokens, context, requests
     python -m benchmarks.labs.profile_case gather 16384 131072 4 page_parts=4 streaming=false
     python -m benchmarks.labs.profile_case prefill 16384 32768 1 tokens_on_n=false
@@ -13,7 +13,8 @@ Usage (one GPU)::
 - ``decode BATCH NOMINAL``: Q = 8, H = 4 requests of the WORKLOADS.md lengths, run through
   ``DecodeRunner.run`` (``key=value``: ``DecodeConfig`` fields).
 - ``prefill NEW CONTEXT REQUESTS``: ``triton.prefill.prefill_indexer`` with the API's default
-  gather budget (``key=value``: ``PrefillConfig`` fields, ``gather_X`` for its gather's, e.g. ``block_m=64``).
+  gather budget (``key=value``: ``PrefillConfig`` fields, ``gather_X`` for its gather's, e.g.
+  ``block_m=64``).
 - ``gather NEW CONTEXT REQUESTS``: ``triton.gather.gather_into`` of the prefill case's
   history pages (``key=value``: ``GatherConfig`` fields, e.g. ``streaming=true``).
 

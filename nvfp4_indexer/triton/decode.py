@@ -41,8 +41,8 @@ are a function of (B, W, Q, H, SM count), every program writes all of its output
 CUDA-graph replay after in-place changes of the buffers computes fresh results. Block-table
 entries at or past a request's history page count are never read.
 
-``NUM_SPLITS`` (``heuristics.choose_num_splits``): 1 when W - 1 <= 15 (every row is short, SPEC 5: no
-page is scored, one launch); else min(ceil(PROGRAMS_PER_SM * num_sms / B), W - 1, MAX_SPLITS)
+``NUM_SPLITS`` (``heuristics.choose_num_splits``): 1 when W - 1 <= 15 (every row is short,
+SPEC 5: no page is scored, one launch); else min(ceil(PROGRAMS_PER_SM * num_sms / B), W - 1, MAX_SPLITS)
 (1-page splits), lowered to ceil((W - 1) / 2) once B * NUM_SPLITS exceeds 4 programs per SM
 and to ceil((W - 1) / MIN_PAGES_PER_SPLIT) beyond two waves (8 per SM): long contexts fill
 the GPU at small batch, small batches keep short serial chains.
