@@ -44,6 +44,7 @@ import torch
 from . import validation as v
 from .api import DecodeIndexerWrapper, _kernels, max_gather_pages
 from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_SIZE, TOPK
+from .reference.paging import history_page_count, local_pages
 
 __all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "PrefillChunk",
            "plan_prefill_chunks"]
@@ -262,7 +263,7 @@ def plan_prefill_chunks(query_start_loc: list[int], seq_lens: list[int], budget:
         ValueError: a request needs more than ``budget`` pages (names ``max_gather_pages``).
     """
     from .reference.prefill import plan_chunks
-    hist = [max(s - 1, 0) // PAGE_SIZE for s in seq_lens]
+    hist = [history_page_count(s) for s in seq_lens]
     q0 = query_start_loc[0] if query_start_loc else 0
     chunks = []
     for a, b in plan_chunks(hist, budget):
@@ -906,7 +907,7 @@ class Indexer:
         for i in range(ch.req_end - ch.req_start):
             lo, hi = qsl[i], qsl[i + 1]
             pos = torch.arange(sl[i] - (hi - lo), sl[i], device=q.device)
-            local = torch.div(pos, PAGE_SIZE, rounding_mode="floor")
+            local = local_pages(pos)
             keys = self.workspace[offsets[i]:offsets[i + 1]]
             scores, _ = scores_from_keys(q[lo:hi], keys, local)
             out[lo:hi] = select_pages(scores, local, TOPK)

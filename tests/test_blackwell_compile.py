@@ -52,7 +52,7 @@ def dec(q, h, ns, window, keep):
     return (decode._decode_score_kernel, DECODE_TYPES,
             dict(Q=q, H=h, BLOCK_M=decode.block_rows(q, h), NUM_SPLITS=ns, DOT="fp16",
                  DEQUANT="ptx", WINDOW=window, KEEP=keep, PDL=False, CANDIDATES=False),
-            dict(num_warps=4, num_stages=2, maxnreg=decode.MAXNREG))
+            dict(num_warps=4, num_stages=2, maxnreg=heuristics.MAXNREG))
 
 
 def dmerge(q, h, ns, keep):

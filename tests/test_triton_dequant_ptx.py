@@ -429,7 +429,7 @@ def test_interpreter_decode_default_and_small_window_match_reference():
 
 def test_runner_rejects_bad_knobs():
     """DecodeConfig / DecodeRunner validate the lab knobs before any launch (no GPU needed)."""
-    from nvfp4_indexer.triton import DecodeConfig, decode
+    from nvfp4_indexer.triton import DecodeConfig, decode, heuristics
 
     def make(**knobs):
         return decode.DecodeRunner(4, 2, 8, 2, "cpu", config=DecodeConfig(**knobs),
@@ -445,7 +445,7 @@ def test_runner_rejects_bad_knobs():
             make(window=bad)
     with pytest.raises(ValueError, match="maxnreg"):
         make(maxnreg=8)
-    for bad in (-1, 0, 2.5, "3", True, decode.MAX_SPLITS + 1):  # never silently unwritten
+    for bad in (-1, 0, 2.5, "3", True, heuristics.MAX_SPLITS + 1):  # never silently unwritten
         with pytest.raises(ValueError, match="num_splits"):
             make(num_splits=bad)
     for bad in (True, 1, "yes"):  # programmatic dependent launch: a bool, SM90+ CUDA only

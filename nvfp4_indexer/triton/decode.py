@@ -42,8 +42,8 @@ CUDA-graph replay after in-place changes of the buffers computes fresh results. 
 entries at or past a request's history page count are never read.
 
 ``NUM_SPLITS`` (``heuristics.choose_num_splits``): 1 when W - 1 <= 15 (every row is short,
-SPEC 5: no page is scored, one launch); else min(ceil(PROGRAMS_PER_SM * num_sms / B), W - 1, MAX_SPLITS)
-(1-page splits), lowered to ceil((W - 1) / 2) once B * NUM_SPLITS exceeds 4 programs per SM
+SPEC 5: no page is scored, one launch); else
+min(ceil(PROGRAMS_PER_SM * num_sms / B), W - 1, MAX_SPLITS) (1-page splits), lowered to ceil((W - 1) / 2) once B * NUM_SPLITS exceeds 4 programs per SM
 and to ceil((W - 1) / MIN_PAGES_PER_SPLIT) beyond two waves (8 per SM): long contexts fill
 the GPU at small batch, small batches keep short serial chains.
 
@@ -80,9 +80,8 @@ from ..constants import HEAD_DIM, PAGE_SIZE, TOPK
 from ..validation import check_int
 from . import decode_wgmma
 from . import heuristics as hz
-from .config import DECODE_DEQUANT_MODES, KERNEL_DEQUANT_MODES, PAGE_SCORE_MODES, DecodeConfig
-from .config import check_config
-from .heuristics import MAX_ROWS, MAX_SPLITS, MAXNREG, block_rows, choose_num_splits
+from .config import KERNEL_DEQUANT_MODES, PAGE_SCORE_MODES, DecodeConfig, check_config
+from .heuristics import MAX_ROWS, block_rows, choose_num_splits
 from .numerics import device_guard, portable_default
 from .scoring import (
     load_q_pairs_t,

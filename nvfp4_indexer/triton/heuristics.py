@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..constants import PAGE_SIZE, TOPK
+from ..reference.paging import history_page_count
 
 # -- decode (and context parallelism) --------------------------------------------------------
 PROGRAMS_PER_SM = 16  # split target: about this many score programs per SM
@@ -29,6 +30,7 @@ SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 
 # -- prefill ---------------------------------------------------------------------------------
 PREFILL_MAX_BLOCK_M = 128  # (token, head) rows per prefill score program
+SCORES_MAX_BLOCK_M = 64  # (token, head) rows per page_scores program
 PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
 
@@ -69,9 +71,10 @@ def block_rows(query_len: int, num_heads: int) -> int:
     return max(16, next_pow2(query_len * num_heads))
 
 
-def prefill_block_m(longest_q_len: int, num_heads: int) -> int:
-    """Prefill BLOCK_M: the longest request's rows as a power of two in 16..128."""
-    return min(PREFILL_MAX_BLOCK_M, max(16, next_pow2(longest_q_len * num_heads)))
+def prefill_block_m(longest_q_len: int, num_heads: int, cap: int = PREFILL_MAX_BLOCK_M) -> int:
+    """BLOCK_M of a row-block scorer (prefill; ``page_scores`` with ``SCORES_MAX_BLOCK_M``):
+    the longest request's (token, head) rows as a power of two in 16..``cap``."""
+    return min(cap, max(16, next_pow2(longest_q_len * num_heads)))
 
 
 def _split_rule(programs: int, target: int, cap: int) -> int:
@@ -236,7 +239,7 @@ def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: 
 def gather_pages_needed(seq_lens: list[int]) -> list[int]:
     """Pages each prefill request needs gathered: its last query's history pages
     (seq_len - 1) // 128, or 0 when all its rows are short (L <= 15, SPEC 5)."""
-    hist = [max(s - 1, 0) // PAGE_SIZE for s in seq_lens]
+    hist = [history_page_count(s) for s in seq_lens]
     return [n if n > SHORT_MAX_LOCAL else 0 for n in hist]
 
 

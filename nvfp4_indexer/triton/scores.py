@@ -14,12 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .heuristics import plan_row_blocks
+from .heuristics import SCORES_MAX_BLOCK_M, plan_row_blocks, prefill_block_m
 from .numerics import device_guard
 from .scoring import block_rows_info, load_q_pairs_t, nvfp4_page_scores, resolve_dot
 
 PAGES_PER_PROGRAM = 8
-MAX_BLOCK_M = 64  # (token, head) rows per program
 
 
 @triton.jit
@@ -67,7 +66,7 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     qsl = query_start_loc.tolist()
     sl = seq_lens.tolist()
     longest = max([qsl[i + 1] - qsl[i] for i in range(r)] + [1])
-    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
+    block_m = prefill_block_m(longest, h, SCORES_MAX_BLOCK_M)
     reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(r))
     if not reqs or max(pages) == 0:
         return out
