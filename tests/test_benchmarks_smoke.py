@@ -421,3 +421,24 @@ def test_knob_lab_parse_variant():
     for bad in ("x:block_m", "x:=3", "x:a=1,b"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
+
+
+def test_lab_variants_become_configs():
+    """``profile_case.config_of``: a lab's keyword variant is the launcher's default config
+    with those fields replaced (prefill ``gather_X`` into its GatherConfig); an unknown field
+    or a bad value is refused by the config, never ignored."""
+    from benchmarks.labs.profile_case import config_of
+    from nvfp4_indexer.triton import DecodeConfig, GatherConfig, PrefillConfig
+    assert config_of("decode", {}) == DecodeConfig()
+    cfg = config_of("decode", {"window": 1, "dequant": "ptx"})
+    assert (cfg.window, cfg.dequant, cfg.num_warps) == (1, "ptx", DecodeConfig().num_warps)
+    assert cfg.overrides() == {"window": 1, "dequant": "ptx"}
+    pre = config_of("prefill", {"block_m": 64, "gather_streaming": False})
+    assert pre.block_m == 64 and pre.gather == GatherConfig(streaming=False)
+    assert config_of("prefill", {}) == PrefillConfig()
+    with pytest.raises(TypeError):
+        config_of("gather", {"bogus": 1})
+    for kind, bad in (("decode", {"window": 3}), ("decode", {"pdl": 1}),
+                      ("prefill", {"gather_tok_block": 48}), ("insert", {"block_t": True})):
+        with pytest.raises(ValueError, match=next(iter(bad)).removeprefix("gather_")):
+            config_of(kind, bad)
