@@ -6,6 +6,12 @@ Each run measures its own ceilings (device-to-device copy, cuBLAS FP8 matmul), t
 replays over cold-cache rotated page sets, compares once against the PyTorch reference, and
 writes JSON, Markdown tables and a roofline PNG. ``--cpu-smoke`` runs every code path on CPU
 at tiny sizes with the reference backend (no timing claims). Method: docs/benchmarks.md.
+
+Modules: ``__main__`` (the CLI), ``suites`` (suite registry, run, summaries), ``context``
+(shared context and record fields), one module per op (``decode_suite``, ``prefill_suite``,
+``gather_suite``, ``insert_suite``, ``engine_suite``), ``workloads`` (WORKLOADS.md cases and
+traffic), ``pool`` (page pools), ``timing`` (protocol, ceilings), ``report`` (tables, plot),
+``cp_model``, ``sass_stats`` (offline SASS counts), ``labs/`` (GPU tuning labs).
 """
 
 SCHEMA = "nvfp4_indexer.benchmarks/1"

@@ -28,8 +28,8 @@ import torch
 from . import SCHEMA
 from .pool import PagePool
 from .report import render_all, write_json
-from .suites import (SUITE_FUNCS, SUITE_ORDER, Context, pool_pages_for, run_suite,
-                     suite_cases, summarize)
+from .context import Context
+from .suites import SUITE_FUNCS, SUITE_ORDER, pool_pages_for, run_suite, suite_cases, summarize
 from .timing import (GRAPH_CALLS, REPLAYS, WARMUP, L2Flush, copy_ceiling, environment,
                      fp8_matmul_ceiling, l2_bytes, mm16_matmul_ceiling, stream_ceilings)
 

@@ -96,7 +96,7 @@ def _traffic(case: EngineCase) -> wl.Traffic:
 
 
 def engine_case(ctx, case: EngineCase) -> dict:
-    from .suites import POISON, _finish, _traffic_fields
+    from .context import POISON, _finish, _traffic_fields
     dev, cache = ctx.device, ctx.pool.cache
     h, q = case.num_heads, case.query_len
     sl = case.seq_lens()

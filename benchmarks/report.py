@@ -7,6 +7,7 @@ JSON), so a saved JSON can be re-rendered: ``python -m benchmarks.report bench.j
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -367,11 +368,19 @@ def render_all(results: dict, out_dir: Path, *, console: bool = True,
     return files
 
 
-if __name__ == "__main__":  # re-render a saved run: python -m benchmarks.report bench.json DIR
-    if len(sys.argv) != 3:
-        print("usage: python -m benchmarks.report BENCH_JSON OUT_DIR", file=sys.stderr)
-        sys.exit(2)
-    data = json.loads(Path(sys.argv[1]).read_text())
-    written = render_all(data, Path(sys.argv[2]))
+def main(argv=None) -> int:
+    """``python -m benchmarks.report BENCH_JSON OUT_DIR``: re-render a saved run (tables,
+    Markdown, JSON, roofline plot). Exit status 1 when the plot failed, 2 on bad arguments."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.report",
+                                 description="Re-render a saved benchmark run.")
+    ap.add_argument("bench_json", type=Path, help="the JSON record python -m benchmarks wrote")
+    ap.add_argument("out_dir", type=Path, help="folder for the tables and the plot")
+    args = ap.parse_args(argv)
+    data = json.loads(args.bench_json.read_text())
+    written = render_all(data, args.out_dir)
     print(written)
-    sys.exit(1 if "roofline_error" in written else 0)
+    return 1 if "roofline_error" in written else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,8 +40,11 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    value = getattr(importlib.import_module(module, __name__), name)
+    if module == ".api":
+        from . import api as source
+    else:
+        from . import engine as source
+    value = getattr(source, name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

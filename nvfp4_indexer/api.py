@@ -23,10 +23,11 @@ __all__ = [
 ]
 
 
-def _triton(module: str):
-    """Import ``nvfp4_indexer.triton.<module>`` lazily (Triton is only needed when used)."""
-    import importlib
-    return importlib.import_module(f"{__package__}.triton.{module}")
+def _kernels():
+    """The Triton backend package ``nvfp4_indexer.triton``, imported on first use (Triton is
+    only needed when used; TRITON_INTERPRET is read at its import)."""
+    from . import triton as kernels
+    return kernels
 
 
 def encode_e4m3(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -43,7 +44,7 @@ def encode_e4m3(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES + (torch.float64,))
     x = x.float() if x.dtype == torch.float64 else x  # SPEC 1.1: converted to fp32 first
     if v.check_backend(backend, x.device) == "triton":
-        return _triton("encode").encode_e4m3(x)
+        return _kernels().encode_e4m3(x)
     return ref.encode_e4m3(x)
 
 
@@ -63,7 +64,7 @@ def quantize_nvfp4(x: torch.Tensor, *, backend: str = "auto"):
     if x.dim() < 1 or x.shape[-1] != HEAD_DIM:
         v.fail("x", f"shape [..., {HEAD_DIM}]", f"shape {tuple(x.shape)}")
     if v.check_backend(backend, x.device) == "triton":
-        return _triton("quantize").quantize_nvfp4(x)
+        return _kernels().quantize_nvfp4(x)
     return ref.quantize_nvfp4(x)
 
 
@@ -85,7 +86,7 @@ def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor,
         raise NotImplementedError(f"dtype: expected torch.float8_e4m3fn or torch.float32, "
                                   f"got {dtype}")
     if v.check_backend(backend, codes.device) == "triton":
-        return _triton("dequantize").dequantize_nvfp4(codes, scales, dtype)
+        return _kernels().dequantize_nvfp4(codes, scales, dtype)
     return ref.dequantize_nvfp4(codes, scales, dtype)
 
 
@@ -128,7 +129,7 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
     k = _fp32_if_double(k)
     if v.check_backend(backend, dev) == "triton":
-        return _triton("quantize").write_index_k(cache, k, slot_mapping)
+        return _kernels().write_index_k(cache, k, slot_mapping)
     codes, scales = ref.quantize_nvfp4(k)
     ref.write_tokens(cache, codes, scales, slot_mapping)
 
@@ -174,8 +175,8 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     k, k_norm_weight, cos_sin_cache = map(_fp32_if_double, (k, k_norm_weight, cos_sin_cache))
     rotary_dim, eps = int(rotary_dim), float(eps)  # numpy scalars -> Python (SPEC 11)
     if v.check_backend(backend, dev) == "triton":
-        return _triton("insert").insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
-                                                cos_sin_cache, rotary_dim, eps)
+        return _kernels().insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
+                                         cos_sin_cache, rotary_dim, eps)
     ref.insert_index_k(cache, k, positions, slot_mapping, k_norm_weight, cos_sin_cache,
                        rotary_dim, eps)
 
@@ -199,8 +200,8 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     q, q_norm_weight, cos_sin_cache = map(_fp32_if_double, (q, q_norm_weight, cos_sin_cache))
     rotary_dim, eps = int(rotary_dim), float(eps)  # numpy scalars -> Python (SPEC 11)
     if v.check_backend(backend, q.device) == "triton":
-        return _triton("query").prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
-                                                rotary_dim, eps)
+        return _kernels().prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
+                                          rotary_dim, eps)
     return ref.prepare_index_q(q, positions, q_norm_weight, cos_sin_cache, rotary_dim, eps)
 
 
@@ -239,7 +240,7 @@ def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens:
         v.fail("seq_lens", "values >= 0", f"min {int(seq_lens.min())}")
     v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
-        return _triton("gather").gather_index_k_fp8(cache, block_table, seq_lens)
+        return _kernels().gather_index_k_fp8(cache, block_table, seq_lens)
     return ref.gather_index_k_fp8(cache, block_table, seq_lens)
 
 
@@ -270,8 +271,8 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     v.check_q_lens_fit(q_lens, seq_lens, "query_start_loc", padding=True)
     v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
-        return _triton("scores").page_scores(index_q, cache, block_table, seq_lens,
-                                             query_start_loc)
+        return _kernels().page_scores(index_q, cache, block_table, seq_lens,
+                                      query_start_loc)
     return ref.page_scores(index_q, cache, block_table, seq_lens, query_start_loc)
 
 
@@ -309,7 +310,7 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
     if backend == "triton":
         if out is None:
             out = torch.empty((b * query_len, h, topk), dtype=torch.int32, device=dev)
-        _triton("decode").decode_indexer(index_q, cache, block_table, seq_lens, query_len, out)
+        _kernels().decode_indexer(index_q, cache, block_table, seq_lens, query_len, out)
         return out
     result = ref.decode_indexer(index_q, cache, block_table, seq_lens, query_len, topk)
     return result if out is None else out.copy_(result)
@@ -367,8 +368,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     if backend == "triton":
         if out is None:
             out = torch.empty((t, h, topk), dtype=torch.int32, device=dev)
-        _triton("prefill").prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
-                                           max_gather_pages, out)
+        _kernels().prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
+                                   max_gather_pages, out)
         return out
     result = ref.prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
                                  max_gather_pages, topk)
@@ -393,7 +394,7 @@ class DecodeIndexerWrapper:
             first ``run()``).
         backend: "auto" | "reference" | "triton" (the reference run() syncs: not capturable).
         score_buffer: optional float32 scratch shared by wrappers that never run at once
-            (Triton; see ``nvfp4_indexer.triton.decode.score_buffer_size``): a contiguous 1-d
+            (Triton; see ``nvfp4_indexer.triton.score_buffer_size``): a contiguous 1-d
             float32 tensor on the buffers' device, 8-byte aligned, checked here on every
             backend (its size against the wrapper's shapes, exactly at the first ``plan()``).
         num_blocks: the cache's block count (SPEC 10). ``plan()`` checks block ids against
@@ -459,7 +460,7 @@ class DecodeIndexerWrapper:
         # Build (and, for graphs, compile) the Triton runner before touching any buffer: an
         # unsupported shape (Q * H > 64) raises here with the caller's buffers intact.
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
-            self._runner = _triton("decode").DecodeRunner(
+            self._runner = _kernels().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 warmup=self.use_cuda_graph and dev.type == "cuda")
         if seq_lens.data_ptr() != self.seq_lens.data_ptr():
@@ -537,11 +538,15 @@ def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int) 
     if num_reqs == 0 or width == 0:
         return  # no runner: nothing is scored
     try:
-        from .triton.decode import MAX_ROWS, _num_sms, score_buffer_size
-    except ImportError:  # no Triton: the size only matters to the Triton backend
+        kernels = _kernels()
+    except ModuleNotFoundError as e:  # no Triton: the size only matters to its backend
+        if e.name != "triton":
+            raise
         return
-    sizes = [score_buffer_size(num_reqs, width, num_heads, q, num_sms=_num_sms(device))
-             for q in range(1, 9) if q * num_heads <= MAX_ROWS]
+    hz = kernels.heuristics
+    sizes = [kernels.score_buffer_size(num_reqs, width, num_heads, q,
+                                       num_sms=hz.num_sms(device))
+             for q in range(1, 9) if q * num_heads <= hz.MAX_ROWS]
     if sizes and buf.numel() < min(sizes):
         v.fail("score_buffer", f"at least {min(sizes)} float32 elements "
-               "(nvfp4_indexer.triton.decode.score_buffer_size)", f"{buf.numel()}")
+               "(nvfp4_indexer.triton.score_buffer_size)", f"{buf.numel()}")

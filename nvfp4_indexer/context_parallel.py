@@ -99,8 +99,9 @@ class ContextParallelDecodeWrapper:
         use_cuda_graph: compile the Triton kernels at setup so that capture never compiles.
         backend: "auto" | "reference" | "triton" (the reference syncs: not capturable).
         exchange: "all_gather" (default) or "all_to_all", how candidates are exchanged.
-        runner_options: keyword overrides for the Triton ``ContextParallelRunner`` (dot,
-            dequant, num_splits, window, ...; tests and tuning).
+        runner_options: keyword arguments of the Triton ``ContextParallelRunner``: ``config``
+            (a ``triton.config.DecodeConfig``: dot, dequant, num_splits, window, ...) and
+            ``rows_per_program`` (tests and tuning).
     Raises:
         ValueError: bad buffers, ``num_heads``, ``exchange``, an uninitialized
             ``torch.distributed`` or a group device mismatch (NCCL needs CUDA buffers), on

@@ -42,8 +42,9 @@ import numpy as np
 import torch
 
 from . import validation as v
-from .api import DecodeIndexerWrapper, _triton, max_gather_pages
+from .api import DecodeIndexerWrapper, _kernels, max_gather_pages
 from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_SIZE, TOPK
+from .reference.paging import history_page_count, local_pages
 
 __all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "PrefillChunk",
            "plan_prefill_chunks"]
@@ -262,7 +263,7 @@ def plan_prefill_chunks(query_start_loc: list[int], seq_lens: list[int], budget:
         ValueError: a request needs more than ``budget`` pages (names ``max_gather_pages``).
     """
     from .reference.prefill import plan_chunks
-    hist = [max(s - 1, 0) // PAGE_SIZE for s in seq_lens]
+    hist = [history_page_count(s) for s in seq_lens]
     q0 = query_start_loc[0] if query_start_loc else 0
     chunks = []
     for a, b in plan_chunks(hist, budget):
@@ -333,7 +334,7 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
             v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
             dev = self.block_table.device
-            self._runner = _triton("decode").DecodeRunner(
+            self._runner = _kernels().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 warmup=self.use_cuda_graph and dev.type == "cuda")
         # Skipped when the caller passes the buffers themselves (in-place mode, Indexer).
@@ -435,8 +436,7 @@ class Indexer:
         self._fast_device = dev.type in ("cpu", "cuda")  # _check_step_fast's device compare
         self._num_sms = None
         if self.backend == "triton":
-            from .triton.decode import _num_sms
-            self._num_sms = _num_sms(dev)
+            self._num_sms = _kernels().heuristics.num_sms(dev)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -446,13 +446,14 @@ class Indexer:
         c = self.config
         if self.backend != "triton":
             return 2
-        from .triton.decode import _num_sms, score_buffer_size
-        sms = _num_sms(c.device)
-        dec = max(score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms)
+        kernels = _kernels()
+        sms = kernels.heuristics.num_sms(c.device)
+        dec = max(kernels.score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms)
                   for q in range(1, c.max_decode_query_len + 1)
                   for b in range(1, self.max_decode_reqs + 1))
         blocks = _cdiv(c.max_num_batched_tokens * c.num_heads, 128)
-        pre = _prefill_launch(blocks, max(c.max_pages - 1, 0), 128, sms, cap=None)["scratch"]
+        pre = kernels.heuristics.prefill_launch(blocks, max(c.max_pages - 1, 0), 128,
+                                                sms)["scratch"]
         return max(dec, pre, 2)
 
     def memory_bytes(self) -> dict[str, int]:
@@ -753,12 +754,12 @@ class Indexer:
             rel = pq[a:b + 1] - pq[a]
             seq = psl[a:b]
             qlen = rel[1:] - rel[:-1]
-            bm = min(128, max(16, 1 << max(int(qlen.max()) * h - 1, 0).bit_length()))
+            bm = _kernels().heuristics.prefill_block_m(int(qlen.max()), h)
             reqs, row0s, pages = _row_blocks(qlen, seq, h, bm)
             top = int(pages.max())
             score_pages = top if top > SHORT_MAX_LOCAL else 0
-            ch.launch = _prefill_launch(len(reqs), score_pages, bm, self._num_sms,
-                                        cap=self.score_buffer.numel())
+            ch.launch = _kernels().heuristics.prefill_launch(
+                len(reqs), score_pages, bm, self._num_sms, cap=self.score_buffer.numel())
             ch.launch["max_gather"] = max(ch.gather_pages)
             # staged layout: [qsl (n+1) | seq cap (n) | ws offsets (n+1) | pages (n) | blocks 2nb]
             n = b - a
@@ -861,11 +862,10 @@ class Indexer:
 
     def _triton_chunk(self, q, cache, ch, md, out) -> None:
         from .triton.gather import gather_into
+        from .triton.heuristics import TOKENS_ON_N_DOTS, merge_config
         from .triton.numerics import device_guard, portable_default
-        from .triton.prefill import (TOKENS_ON_N_DOTS, _prefill_merge_kernel,
-                                     _prefill_score_kernel)
+        from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
         from .triton.dot_modes import resolve_dot
-        from .triton.topk import merge_config
         import triton
         d, L = ch.dev, ch.launch
         dev = self.device
@@ -907,7 +907,7 @@ class Indexer:
         for i in range(ch.req_end - ch.req_start):
             lo, hi = qsl[i], qsl[i + 1]
             pos = torch.arange(sl[i] - (hi - lo), sl[i], device=q.device)
-            local = torch.div(pos, PAGE_SIZE, rounding_mode="floor")
+            local = local_pages(pos)
             keys = self.workspace[offsets[i]:offsets[i + 1]]
             scores, _ = scores_from_keys(q[lo:hi], keys, local)
             out[lo:hi] = select_pages(scores, local, TOPK)
@@ -915,7 +915,7 @@ class Indexer:
 
 def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,
                 block_m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``triton.scoring.plan_row_blocks`` of requests ``0 .. n-1`` in numpy (host time):
+    """``triton.heuristics.plan_row_blocks`` of requests ``0 .. n-1`` in numpy (host time):
     ``(request, first row, pages)`` int64 arrays per block of ``block_m`` (token, head) rows
     of one request, ``pages`` the local page of its last row (0 when negative). Query lengths
     ``q_lens [n]`` (>= 1) and ``seq_lens [n]`` are int64 arrays."""
@@ -935,30 +935,3 @@ def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,
     t_last = (np.minimum(row0s + block_m, rows[reqs]) - 1) // num_heads
     pages = np.maximum(seq_lens[reqs] - q_lens[reqs] + t_last, 0) // PAGE_SIZE
     return reqs, row0s, pages
-
-
-def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int,
-                    cap: int | None) -> dict:
-    """Splits / keep / window of one prefill chunk's score launch (as
-    ``triton.prefill.prefill_indexer`` picks them) and its scratch in float32 elements;
-    with ``cap``, fewer splits (then window 1) until the scratch fits ``cap``."""
-    from .triton.prefill import _num_splits
-    from .triton.topk import choose_window
-    ns = 1 if score_pages == 0 else _num_splits(num_blocks, score_pages, num_sms)
-    force_win1 = False
-    while True:
-        per = _cdiv(max(score_pages, 1), ns)
-        keep = min(16, 1 << (per - 1).bit_length())  # next power of two (per >= 1)
-        win = 1 if force_win1 else choose_window(per, block_m)
-        cand = num_blocks * block_m * ns * keep if ns > 1 else 0
-        win_elems = num_blocks * ns * 2 * win * block_m if win > 1 else 0
-        need = 2 * cand + win_elems
-        if cap is None or need <= cap:
-            break
-        if ns > 1:
-            ns = max(1, ns // 2)
-        else:
-            force_win1 = True
-    return {"ns": ns, "keep": keep, "win": win, "block_m": block_m, "cand": cand,
-            "win_elems": win_elems, "scratch": need}
-

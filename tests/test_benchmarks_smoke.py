@@ -21,7 +21,8 @@ import nvfp4_indexer as ni  # noqa: E402
 from benchmarks import workloads as wl  # noqa: E402
 from benchmarks.pool import PagePool  # noqa: E402
 from benchmarks.report import markdown, summary_lines  # noqa: E402
-from benchmarks.suites import Context, _finish, summarize, written_bytes  # noqa: E402
+from benchmarks.context import Context, _finish, written_bytes  # noqa: E402
+from benchmarks.suites import summarize  # noqa: E402
 from benchmarks.timing import (Timing, graph_sequence, mix_ceiling_gbps,  # noqa: E402
                                mm16_matmul_ceiling, rotation_slots, stream_ceilings,
                                time_eager)
@@ -382,21 +383,21 @@ def test_profile_decode_needs_a_gpu():
     """The ncu driver script exits 2 with a message when there is no CUDA GPU."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    from benchmarks import profile_decode
+    from benchmarks.labs import profile_decode
     assert profile_decode.main(["1", "4000", "window=1"]) == 2
 
 
 def test_profile_case_cli():
     """``profile_case``: each part needs its number of sizes and key=value keywords (usage
     error, exit 2, checked before the GPU); with valid arguments and no GPU it returns 2."""
-    from benchmarks import profile_case
+    from benchmarks.labs import profile_case
     for bad in (["decode", "1"], ["prefill", "1024", "0"], ["gather", "1", "2", "3", "4"],
                 ["decode", "1", "4000", "=3"], ["bogus", "1", "2"], ["decode", "1", "x"],
                 ["decode", "0", "4000"], ["prefill", "1024", "0", "0"], ["decode", "-1", "5"]):
         with pytest.raises(SystemExit) as e:
             profile_case.main(bad)
         assert e.value.code == 2 or "key=value" in str(e.value.code), bad
-    from benchmarks.profile_case import _knobs
+    from benchmarks.labs.profile_case import _knobs
     assert _knobs(["streaming=False", "tokens_on_n=TRUE", "window=1", "dequant=ptx"]) == {
         "streaming": False, "tokens_on_n": True, "window": 1, "dequant": "ptx"}
     if torch.cuda.is_available():
@@ -407,10 +408,11 @@ def test_profile_case_cli():
 
 
 def test_knob_lab_parse_variant():
-    """``--variant NAME:KEY=VALUE,...`` of benchmarks.knob_lab: ints parsed, bad items refused."""
+    """``--variant NAME:KEY=VALUE,...`` of benchmarks.labs.knob_lab: ints parsed, bad items
+    refused."""
     import argparse
 
-    from benchmarks.knob_lab import parse_variant
+    from benchmarks.labs.knob_lab import parse_variant
     assert parse_variant("tb32:tok_block=32,dequant=ptx,page_parts=1") == (
         "tb32", {"tok_block": 32, "dequant": "ptx", "page_parts": 1})
     assert parse_variant("base:") == ("base", {})
@@ -419,3 +421,24 @@ def test_knob_lab_parse_variant():
     for bad in ("x:block_m", "x:=3", "x:a=1,b"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
+
+
+def test_lab_variants_become_configs():
+    """``profile_case.config_of``: a lab's keyword variant is the launcher's default config
+    with those fields replaced (prefill ``gather_X`` into its GatherConfig); an unknown field
+    or a bad value is refused by the config, never ignored."""
+    from benchmarks.labs.profile_case import config_of
+    from nvfp4_indexer.triton import DecodeConfig, GatherConfig, PrefillConfig
+    assert config_of("decode", {}) == DecodeConfig()
+    cfg = config_of("decode", {"window": 1, "dequant": "ptx"})
+    assert (cfg.window, cfg.dequant, cfg.num_warps) == (1, "ptx", DecodeConfig().num_warps)
+    assert cfg.overrides() == {"window": 1, "dequant": "ptx"}
+    pre = config_of("prefill", {"block_m": 64, "gather_streaming": False})
+    assert pre.block_m == 64 and pre.gather == GatherConfig(streaming=False)
+    assert config_of("prefill", {}) == PrefillConfig()
+    with pytest.raises(TypeError):
+        config_of("gather", {"bogus": 1})
+    for kind, bad in (("decode", {"window": 3}), ("decode", {"pdl": 1}),
+                      ("prefill", {"gather_tok_block": 48}), ("insert", {"block_t": True})):
+        with pytest.raises(ValueError, match=next(iter(bad)).removeprefix("gather_")):
+            config_of(kind, bad)

@@ -31,8 +31,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from benchmarks.sass_stats import DECODE_TYPES, GATHER_TYPES, INSERT_TYPES, PREFILL_TYPES
-from nvfp4_indexer.triton import (decode, dequantize, encode, gather, insert, prefill, query,
-                                  quantize, scores)
+from nvfp4_indexer.triton import (decode, dequantize, encode, gather, heuristics, insert,
+                                  prefill, query, quantize, scores)
 
 MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
 PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", blk_ptr="*i32",
@@ -52,11 +52,11 @@ def dec(q, h, ns, window, keep):
     return (decode._decode_score_kernel, DECODE_TYPES,
             dict(Q=q, H=h, BLOCK_M=decode.block_rows(q, h), NUM_SPLITS=ns, DOT="fp16",
                  DEQUANT="ptx", WINDOW=window, KEEP=keep, PDL=False, CANDIDATES=False),
-            dict(num_warps=4, num_stages=2, maxnreg=decode.MAXNREG))
+            dict(num_warps=4, num_stages=2, maxnreg=heuristics.MAXNREG))
 
 
 def dmerge(q, h, ns, keep):
-    rows, warps = decode.merge_config(ns, keep)
+    rows, warps = heuristics.merge_config(ns, keep)
     return (decode._decode_merge_kernel, MERGE_TYPES,
             dict(Q=q, H=h, BLOCK_M=decode.block_rows(q, h), NUM_SPLITS=ns,
                  SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows, KEEP=keep, PDL=False),
@@ -76,7 +76,7 @@ SUBSET = [
      dict(H=4, BLOCK_M=64, PAGES=scores.PAGES_PER_PROGRAM, DOT="fp16"), dict(num_warps=4)),
     ("gather ptx", gather._gather_kernel, GATHER_TYPES,
      dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
-          PAGE_PARTS=gather.DEFAULT_PAGE_PARTS, STREAM=True), dict(num_warps=1)),
+          PAGE_PARTS=heuristics.GATHER_PAGE_PARTS, STREAM=True), dict(num_warps=1)),
 ]
 REST = [
     ("decode score Q1 H1 unsplit", *dec(1, 1, 1, 1, 16)),

@@ -107,6 +107,13 @@ def check_triton(out, own, cache, bt, sl, q_len, bits):
 
 # -------------------------------------------------------------------------------- scenarios
 
+def _cfg(**knobs):
+    """A ``DecodeConfig`` for the Triton runner (imported here, after conftest has set
+    TRITON_INTERPRET)."""
+    from nvfp4_indexer.triton.config import DecodeConfig
+    return DecodeConfig(**knobs)
+
+
 def _expect_raise(fn, exc, *words):
     try:
         fn()
@@ -305,13 +312,13 @@ def test_gloo_groups_of_2_and_4(tmp_path):
         ("steps", "pair", dict(REF_STEPS, exchange="all_gather", lazy=False)),
         ("steps", "pair", dict(REF_STEPS, exchange="all_to_all", lazy=True)),
         ("steps", "pair", dict(TRITON_STEPS, exchange="all_gather", lazy=True, num_steps=1,
-                               runner_options={"num_splits": 2})),
+                               runner_options={"config": _cfg(num_splits=2)})),
         ("engine", "pair", {}),
         ("bad_use", "world", {}),
         ("steps", "world", dict(REF_STEPS, heads=1, exchange="all_gather", lazy=True,
                                 num_steps=1)),
         ("steps", "world", dict(TRITON_STEPS, q_len=1, exchange="all_to_all", lazy=False,
-                                num_steps=1, runner_options={"num_splits": 1})),
+                                num_steps=1, runner_options={"config": _cfg(num_splits=1)})),
     ]
     if os.environ.get("TRITON_INTERPRET") != "1":
         scenarios = [sc for sc in scenarios if sc[2].get("backend") != "triton"]
@@ -375,9 +382,9 @@ def test_reference_split_equals_single_device():
         assert torch.equal(rc.merge_candidates(cand, sl, 2), want), world
 
 
-@pytest.mark.parametrize("world,options", [(2, {"num_splits": 3, "rows_per_program": 1,
-                                                 "window": 2}),
-                                           (3, {"num_splits": 2})])
+@pytest.mark.parametrize("world,options", [(2, {"config": _cfg(num_splits=3, window=2),
+                                                 "rows_per_program": 1}),
+                                           (3, {"config": _cfg(num_splits=2)})])
 def test_triton_ranks_in_process(world, options):
     """The Triton runner of every rank in one process, the exchange done by hand: more
     split candidates than 16 per row (the reduce kernel's selection rounds), one row per
@@ -413,7 +420,7 @@ def test_runner_errors():
     with pytest.raises(ValueError, match="rows_per_program"):
         ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", rows_per_program=3, warmup=False)
     with pytest.raises(ValueError, match="num_splits"):
-        ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", num_splits=0, warmup=False)
+        ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", config=_cfg(num_splits=0), warmup=False)
 
 
 def test_exchange_bytes_match_buffers():

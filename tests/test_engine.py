@@ -475,7 +475,7 @@ def test_plan_fast_checks_imply_full_checks():
 
 def test_row_blocks_equal_plan_row_blocks():
     from nvfp4_indexer.engine import _row_blocks
-    from nvfp4_indexer.triton.scoring import plan_row_blocks
+    from nvfp4_indexer.triton.heuristics import plan_row_blocks
     rng = np.random.default_rng(6)
     for _ in range(40):
         n = int(rng.integers(1, 5))

@@ -13,6 +13,7 @@ import torch
 import nvfp4_indexer as ni
 from nvfp4_indexer.triton import decode as TD
 from nvfp4_indexer.triton import gather as TG
+from nvfp4_indexer.triton import heuristics as HZ
 from nvfp4_indexer.triton import scores as TS
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,7 +172,7 @@ def test_score_buffer_checked_at_construction(backend):
     by the reference, checked at the first plan() by Triton)."""
     bt = torch.zeros(1, 64, dtype=torch.int32, device=DEV)
     seq = torch.zeros(1, dtype=torch.int32, device=DEV)
-    need = min(TD.score_buffer_size(1, 64, 2, q, num_sms=TD._num_sms(torch.device(DEV)))
+    need = min(TD.score_buffer_size(1, 64, 2, q, num_sms=HZ.num_sms(torch.device(DEV)))
                for q in range(1, 9))
     assert need > 10
     for bad in ("junk", torch.zeros(need, dtype=torch.float16, device=DEV),
@@ -179,7 +180,7 @@ def test_score_buffer_checked_at_construction(backend):
                 torch.zeros(2 * need, device=DEV)[::2], torch.zeros(need + 1, device=DEV)[1:]):
         with pytest.raises((ValueError, TypeError), match="score_buffer"):
             _wrapper(bt, seq, 2, backend, score_buffer=bad)
-    enough = max(TD.score_buffer_size(1, 64, 2, q, num_sms=TD._num_sms(torch.device(DEV)))
+    enough = max(TD.score_buffer_size(1, 64, 2, q, num_sms=HZ.num_sms(torch.device(DEV)))
                  for q in range(1, 9))
     w = _wrapper(bt, seq, 2, backend, score_buffer=torch.zeros(enough, device=DEV))
     w.plan(bt, seq, 1)
@@ -198,7 +199,8 @@ def test_numpy_integers_accepted_bools_refused_on_triton():
     out = torch.full((2, 2, 16), POISON, dtype=torch.int32, device=DEV)
     assert torch.equal(w.run(q, cache, out), want)
     assert torch.equal(TD.DecodeRunner(np.int64(2), np.int64(1), np.int64(W), np.int64(2),
-                                       DEV, num_splits=np.int64(4), warmup=False)
+                                       DEV, config=TD.DecodeConfig(num_splits=np.int64(4)),
+                                       warmup=False)
                        .run(q, cache, bt, seq, out.fill_(POISON)), want)
     x = torch.randn(3, 2, 128)
     pos = torch.arange(3)

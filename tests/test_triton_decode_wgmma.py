@@ -113,8 +113,9 @@ def test_decode_lut_twin_matches_reference(q_len, heads, num_splits):
     q = random_q(b * q_len, heads, seed=q_len + 1)
     big, out = poisoned_out(b * q_len, heads)
     dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dequant=dequant,
-                                 num_splits=num_splits, **({} if HAS_CUDA else {"dot": "fp32"}))
+    cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=num_splits,
+                              dot=None if HAS_CUDA else "fp32")
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, config=cfg)
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
     assert_guards(big)
     decode_check(batch, q, q_len, out, runner.error_bits, aliases)
@@ -134,8 +135,8 @@ def test_decode_lut_spec10_clamps():
     q = random_q(b * q_len, heads, seed=2)
     big, out = poisoned_out(b * q_len, heads)
     dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
-    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, dequant=dequant, num_splits=2,
-                                 **({} if HAS_CUDA else {"dot": "fp32"}))
+    cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
+    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
     runner.run(q, batch.cache, bt, seq, out)
     assert_guards(big)
     o = out.cpu()
@@ -170,8 +171,9 @@ def test_gpu_wgmma_decode_graph_replays(num_splits):
     _special_pages(batch)
     b = len(lens)
     q = random_q(b * q_len, heads, seed=5)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dequant="wgmma",
-                                 num_splits=num_splits)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(dequant="wgmma",
+                                                            num_splits=num_splits))
     bt, seq = batch.block_table.clone(), batch.seq_lens.clone()
     big, out = poisoned_out(b * q_len, heads)
     runner.run(q, batch.cache, bt, seq, out)
@@ -235,7 +237,8 @@ def test_decode_runner_refuses_an_empty_cache(dequant):
     before any launch (it crashed the interpreter)."""
     if HAS_CUDA:
         pytest.skip("CPU runner (interpreter)")
-    runner = DECODE.DecodeRunner(1, 1, 20, 1, DEV, dequant=dequant, dot="fp32")
+    runner = DECODE.DecodeRunner(1, 1, 20, 1, DEV,
+                                 config=DECODE.DecodeConfig(dequant=dequant, dot="fp32"))
     q = random_q(1, 1, seed=1)
     bt = torch.zeros((1, 20), dtype=torch.int32)
     sl = torch.tensor([2500], dtype=torch.int32)

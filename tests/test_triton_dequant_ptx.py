@@ -462,7 +462,7 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
 
 _INTERP_SCRIPT = r'''
 import torch
-from benchmarks import dequant_lab as L
+from benchmarks.labs import dequant_lab as L
 rows = L.check_decode(torch.device("cpu"), {"base": {}, "win2": dict(window=2)},
                       lens=(2300, 0, 129, 2100))
 for what, verdict in rows:
@@ -488,26 +488,30 @@ def test_interpreter_decode_default_and_small_window_match_reference():
 
 
 def test_runner_rejects_bad_knobs():
-    """DecodeRunner validates the lab knobs before any launch (no GPU needed)."""
-    from nvfp4_indexer.triton import decode
+    """DecodeConfig / DecodeRunner validate the lab knobs before any launch (no GPU needed)."""
+    from nvfp4_indexer.triton import DecodeConfig, decode, heuristics
+
+    def make(**knobs):
+        return decode.DecodeRunner(4, 2, 8, 2, "cpu", config=DecodeConfig(**knobs),
+                                   warmup=False)
     with pytest.raises(ValueError, match="dequant"):
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="bogus", warmup=False)
+        make(dequant="bogus")
     with pytest.raises(ValueError, match="dequant"):  # ptx modes need a CUDA GPU
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", dequant="ptx", warmup=False)
+        make(dequant="ptx")
     with pytest.raises(ValueError, match="num_warps"):
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", num_warps=3, warmup=False)
+        make(num_warps=3)
     for bad in (3, 0, 512):  # a power of two with window * BLOCK_M <= 4096 (BLOCK_M 16)
         with pytest.raises(ValueError, match="window"):
-            decode.DecodeRunner(4, 2, 8, 2, "cpu", window=bad, warmup=False)
+            make(window=bad)
     with pytest.raises(ValueError, match="maxnreg"):
-        decode.DecodeRunner(4, 2, 8, 2, "cpu", maxnreg=8, warmup=False)
-    for bad in (-1, 0, 2.5, "3", True, decode.MAX_SPLITS + 1):  # never silently unwritten
+        make(maxnreg=8)
+    for bad in (-1, 0, 2.5, "3", True, heuristics.MAX_SPLITS + 1):  # never silently unwritten
         with pytest.raises(ValueError, match="num_splits"):
-            decode.DecodeRunner(4, 2, 8, 2, "cpu", num_splits=bad, warmup=False)
+            make(num_splits=bad)
     for bad in (True, 1, "yes"):  # programmatic dependent launch: a bool, SM90+ CUDA only
         with pytest.raises(ValueError, match="pdl"):
-            decode.DecodeRunner(4, 2, 8, 2, "cpu", pdl=bad, warmup=False)
-    r = decode.DecodeRunner(4, 2, 8, 2, "cpu", programs_per_sm=1, warmup=False)
+            make(pdl=bad)
+    r = make(programs_per_sm=1)
     assert r.dequant == "triton" and r.num_splits >= 1
 
 
@@ -516,9 +520,9 @@ def test_runner_rejects_bad_knobs():
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 if HAS_CUDA:
-    # the lab's operand kernel and pages (benchmarks/dequant_lab.py): one definition of both
-    from benchmarks.dequant_lab import operand_kernel as _operand_kernel
-    from benchmarks.dequant_lab import pair_page_cache as _pair_page_cache
+    # the lab's operand kernel and pages (benchmarks/labs/dequant_lab.py): one definition of both
+    from benchmarks.labs.dequant_lab import operand_kernel as _operand_kernel
+    from benchmarks.labs.dequant_lab import pair_page_cache as _pair_page_cache
 
 
 @pytest.mark.gpu
@@ -560,8 +564,8 @@ def test_gpu_decode_modes_match_triton(mode, window):
     outs = {}
     for name, kw in (("base", {}), ("new", {"dequant": mode, "window": window})):
         out = torch.full((b * q_len, heads, 16), -7, dtype=torch.int32, device=dev)
-        decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev, **kw).run(q, pool.cache, bt, sl,
-                                                                         out)
+        decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev,
+                            config=decode.DecodeConfig(**kw)).run(q, pool.cache, bt, sl, out)
         outs[name] = out
     torch.cuda.synchronize()
     if not torch.equal(outs["base"], outs["new"]):  # only exact-tie reorderings are allowed

@@ -360,7 +360,8 @@ def test_gather_into_offsets_and_untouched_pages(from_seq_lens, tuning):
     offsets = (roffsets + 2).to(DEV)  # pages land at [2, 2 + total)
     lengths = seq_lens if from_seq_lens else P.history_pages(seq_lens).to(torch.int32)
     K["gather"].gather_into(cache, block_table, lengths, offsets, ws.view(torch.float8_e4m3fn),
-                            max_pages=6, lengths_are_seq_lens=from_seq_lens, **tuning)
+                            max_pages=6, lengths_are_seq_lens=from_seq_lens,
+                            config=K["gather"].GatherConfig(**tuning))
     _assert_bytes_equal(ws[2:2 + total], rws)
     assert bool((ws[:2] == POISON).all()) and bool((ws[2 + total:] == POISON).all())
 
@@ -380,7 +381,9 @@ def test_gather_into_rejects_bad_tuning():
         bad.append(dict(dequant="ptx"))
     for kw in bad:
         with pytest.raises(ValueError, match=next(iter(kw))):
-            g.gather_into(cache, block_table, seq_lens, off, ws, 6, **kw)
+            portable = kw.pop("portable", None)
+            g.gather_into(cache, block_table, seq_lens, off, ws, 6, portable=portable,
+                          config=g.GatherConfig(**kw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,8 +467,8 @@ def test_insert_index_k_layouts_tiles_and_edges(rot, layout, tile):
     slots = slots.to(DEV)
     got, want = _poisoned_cache(num_blocks), _poisoned_cache(num_blocks)
     bt, nw = tile if tile else (None, None)
-    K["insert"].insert_index_k(got, k, positions, slots, weight, cs, rot, 1e-6, block_t=bt,
-                               num_warps=nw)
+    K["insert"].insert_index_k(got, k, positions, slots, weight, cs, rot, 1e-6,
+                               config=K["insert"].InsertConfig(block_t=bt, num_warps=nw))
     api.insert_index_k(want, k, positions, slots, weight, cs, rotary_dim=rot,
                        backend="reference")
     diff = _storage(got) != _storage(want)
@@ -658,6 +661,7 @@ def test_gpu_gather_dequant_modes_bit_exact(tuning):
     out-of-range offset skips must stay poison."""
     g = _gen(43)
     nb = 64
+    cfg = K["gather"].GatherConfig(**tuning)
     cache = _all_pairs_cache(nb, g)
     counts = [0, 20, 1, 40, 3]  # 64 pages: every page once (a permutation of the cache)
     perm = torch.randperm(nb, generator=g).to(torch.int32)
@@ -674,7 +678,7 @@ def test_gpu_gather_dequant_modes_bit_exact(tuning):
         off = (roff + 2).cuda()
         lengths = seq_lens if from_seq_lens else torch.tensor(counts, device="cuda")
         K["gather"].gather_into(cache, bt, lengths, off, ws.view(torch.float8_e4m3fn),
-                                max_pages=48, lengths_are_seq_lens=from_seq_lens, **tuning)
+                                max_pages=48, lengths_are_seq_lens=from_seq_lens, config=cfg)
         torch.cuda.synchronize()
         _assert_bytes_equal(ws[2:2 + nb], rws)
         assert bool((ws[:2] == POISON).all()) and bool((ws[2 + nb:] == POISON).all())
@@ -682,7 +686,7 @@ def test_gpu_gather_dequant_modes_bit_exact(tuning):
     ws = torch.full((8, 128, 128), POISON, dtype=torch.uint8, device="cuda")
     off = torch.tensor([0, 0, 0, 0, 6], dtype=torch.int32, device="cuda")
     K["gather"].gather_into(cache, bt[4:], seq_lens[4:], off[4:], ws.view(torch.float8_e4m3fn),
-                            max_pages=3, **tuning)
+                            max_pages=3, config=cfg)
     torch.cuda.synchronize()
     _assert_bytes_equal(ws[6:], rws[61:63])
     assert bool((ws[:6] == POISON).all())
@@ -700,7 +704,8 @@ def test_gpu_gather_misaligned_workspace():
     flat = torch.full((n + 8,), POISON, dtype=torch.uint8, device="cuda")
     ws = flat[2:2 + n].view(-1, 128, 128)
     with pytest.raises(ValueError, match="aligned"):
-        K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6, dequant="ptx")
+        K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6,
+                                config=K["gather"].GatherConfig(dequant="ptx"))
     K["gather"].gather_into(cache, block_table, seq_lens, roff, ws, 6)
     torch.cuda.synchronize()
     _assert_bytes_equal(ws, rws)
@@ -799,7 +804,8 @@ def test_insert_index_k_rejects_bad_tuning():
     for kw in ({"block_t": 3}, {"block_t": 0}, {"block_t": 256}, {"num_warps": 3},
                {"num_warps": 16}, {"block_t": True}, {"num_warps": 4.0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
-            K["insert"].insert_index_k(cache, k, pos, slots, w, cs, 64, **kw)
+            K["insert"].insert_index_k(cache, k, pos, slots, w, cs, 64,
+                                       config=K["insert"].InsertConfig(**kw))
     assert bool((cache == 0x5A).all())
 
 

@@ -65,6 +65,7 @@ def _kernels():
 
 K = _kernels()
 TOPK_MOD, DECODE, SCORES, PREFILL = K["topk"], K["decode"], K["scores"], K["prefill"]
+from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
 EMPTY = TOPK_MOD.EMPTY
 empty_topk, pack_candidate, topk_insert = (TOPK_MOD.empty_topk, TOPK_MOD.pack_candidate,
                                            TOPK_MOD.topk_insert)
@@ -348,8 +349,8 @@ def test_decode_matches_reference(q_len, heads, num_splits, window):
     q = random_q(b * q_len, heads, seed=q_len)
     snap = snapshot(batch, q)
     big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, num_splits=num_splits,
-                                 window=window)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(num_splits=num_splits, window=window))
     if num_splits is not None:
         assert runner.num_splits == num_splits
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
@@ -425,7 +426,8 @@ def test_decode_runner_in_place_updates():
     sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
     q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
     big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV, num_splits=3, warmup=True)
+    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(num_splits=3), warmup=True)
     for step, (c, t) in enumerate(zip(caches + caches[:1], tables + tables[:1])):
         bt_buf.copy_(t)
         sl_buf.copy_(c.seq_lens)
@@ -441,44 +443,46 @@ def test_decode_runner_in_place_updates():
 def test_decode_score_buffer_and_splits():
     """score_buffer_size / NUM_SPLITS are static-shape functions; a shared buffer works and a
     short or misaligned one is refused."""
-    assert DECODE.choose_num_splits(1, 1, 132) == 1
-    assert DECODE.choose_num_splits(5000, 2000, 132) == 1
-    assert DECODE.choose_num_splits(1, 1024, 132) == DECODE.MAX_SPLITS
-    assert 1 < DECODE.choose_num_splits(8, 400, 132) <= 200
+    hz = HZ
+    assert hz.choose_num_splits(1, 1, 132) == 1
+    assert hz.choose_num_splits(5000, 2000, 132) == 1
+    assert hz.choose_num_splits(1, 1024, 132) == hz.MAX_SPLITS
+    assert 1 < hz.choose_num_splits(8, 400, 132) <= 200
     n = DECODE.score_buffer_size(2, 20, 2, 2, num_sms=2)
-    ns = DECODE.choose_num_splits(2, 20, 2)
-    keep = DECODE.keep_per_split(ns, 20)
-    assert n == 2 * 2 * 16 * ns * keep and ns > 1 and DECODE.choose_window(ns, 20, 16) == 1
+    ns = hz.choose_num_splits(2, 20, 2)
+    keep = hz.keep_per_split(ns, 20)
+    assert n == 2 * 2 * 16 * ns * keep and ns > 1 and hz.decode_window(ns, 20, 16) == 1
     assert keep == min(16, triton.next_power_of_2(-(-19 // ns)))
     assert DECODE.score_buffer_size(2000, 20, 2, 2, num_sms=2) == 0
     # long splits buffer WINDOW pages of scores per program (two halves)
-    assert DECODE.choose_window(1, 2000, 16) == DECODE.WINDOW
+    assert hz.decode_window(1, 2000, 16) == hz.WINDOW
     # a runner with overrides fits a buffer sized with the same overrides, not a smaller one
     for kw in ({"num_splits": 7}, {"programs_per_sm": 1}, {"window": 4, "num_splits": 2}):
-        need = DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=DECODE._num_sms(DEV), **kw)
+        cfg = DECODE.DecodeConfig(**kw)
+        need = DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=hz.num_sms(DEV), config=cfg)
         DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
-                            score_buffer=torch.empty(need, device=DEV), **kw)
+                            score_buffer=torch.empty(need, device=DEV), config=cfg)
         if need > 2:
             with pytest.raises(ValueError, match="score_buffer"):
                 DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
-                                    score_buffer=torch.empty(need - 2, device=DEV), **kw)
-    ns3 = DECODE.choose_num_splits(3, 2000, 2)
+                                    score_buffer=torch.empty(need - 2, device=DEV), config=cfg)
+    ns3 = hz.choose_num_splits(3, 2000, 2)
     assert DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=2) == \
-        2 * 3 * 16 * ns3 * DECODE.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * DECODE.WINDOW * 16
+        2 * 3 * 16 * ns3 * hz.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * hz.WINDOW * 16
+    split_ns = DECODE.DecodeConfig(num_splits=ns)
     with pytest.raises(ValueError, match="score_buffer"):
         DECODE.DecodeRunner(2, 2, 20, 2, DEV, score_buffer=torch.empty(4, device=DEV),
-                            num_splits=ns)
+                            config=split_ns)
     with pytest.raises(ValueError, match="score_buffer"):
         DECODE.DecodeRunner(2, 2, 20, 2, DEV, score_buffer=torch.empty(n + 2, device=DEV)[1:],
-                            num_splits=ns)
+                            config=split_ns)
     with pytest.raises(NotImplementedError, match="query_len"):
         DECODE.DecodeRunner(16, 2, 20, 8, DEV)
     batch = Batch([2100, 2200], seed=31)
     buf = torch.full((n + 6,), float("nan"), device=DEV)
     q = random_q(4, 2, seed=4)
     out = selection_out(4, 2, device=DEV)
-    runner = DECODE.DecodeRunner(2, 2, batch.width, 2, DEV, score_buffer=buf,
-                                 num_splits=ns)
+    runner = DECODE.DecodeRunner(2, 2, batch.width, 2, DEV, score_buffer=buf, config=split_ns)
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
     decode_check(batch, q, 2, out, runner.error_bits)
     with pytest.raises(ValueError, match="expected index_q"):
@@ -510,8 +514,9 @@ def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
     big, out = poisoned_out(t, heads)
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
+    cfg = PREFILL.PrefillConfig(num_splits=num_splits, window=window, block_m=block_m)
     PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget,
-                            out, num_splits=num_splits, window=window, block_m=block_m)
+                            out, config=cfg)
     assert_guards(big)
     assert_unchanged(batch, q, snap)
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
@@ -536,10 +541,10 @@ def test_prefill_api_and_nan_page():
                {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0},
                {"block_m": True}, {"num_warps": 4.0}, {"num_stages": True},
                {"window": 64, "block_m": 128}, {"tokens_on_n": 1},
-               {"gather_streaming": "no"}):
+               {"gather": "no"}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
-                                    64, out, **kw)
+                                    64, out, config=PREFILL.PrefillConfig(**kw))
 
 
 @pytest.mark.parametrize("tokens_on_n", [None, False, True])
@@ -553,7 +558,7 @@ def test_prefill_partial_nan_page(tokens_on_n):
     q = random_q(6, 1, seed=9)
     big, out = poisoned_out(6, 1)
     PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, 64, out,
-                            tokens_on_n=tokens_on_n)
+                            config=PREFILL.PrefillConfig(tokens_on_n=tokens_on_n))
     assert_guards(big)
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
                                  with_magnitude=True)
@@ -631,7 +636,8 @@ def test_gpu_decode_cuda_graph_replays(pdl):
     sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
     q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
     big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV, pdl=pdl)
+    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(pdl=pdl))
     assert runner.num_splits > 1  # the merge kernel (the PDL launch) runs
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -712,7 +718,8 @@ def test_gpu_dot_modes(dot):
     observed = check_scores(got, exact, mag, bits)
     print(f"\n{dot}: bound 2^-{bits}, observed worst error 2^-{observed:.2f} x magnitude")
     out = selection_out(b * q_len, heads, device=DEV)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, dot=dot)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(dot=dot))
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
     n_tol = check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), bits)
     print(f"{dot}: decode rows that needed the tolerance: {n_tol}")
@@ -720,10 +727,10 @@ def test_gpu_dot_modes(dot):
     pq = random_q(364, heads, seed=94)
     pe, pm = ref.page_scores(pq, pb.cache, pb.block_table, pb.seq_lens, pqsl,
                              with_magnitude=True)
-    for on_n in (None, dot not in PREFILL.TOKENS_ON_N_DOTS) if dot != "fp32" else (None,):
+    for on_n in (None, dot not in HZ.TOKENS_ON_N_DOTS) if dot != "fp32" else (None,):
         pout = selection_out(364, heads, device=DEV)
         PREFILL.prefill_indexer(pq, pb.cache, pb.block_table, pqsl, pb.seq_lens, 10**6, pout,
-                                dot=dot, tokens_on_n=on_n)
+                                config=PREFILL.PrefillConfig(dot=dot, tokens_on_n=on_n))
         check_selection(pout, pe, pm, local_pages(pb.seq_lens, pqsl), bits)
 
 
@@ -744,7 +751,7 @@ def test_gpu_prefill_realistic(specs, budget, tokens_on_n):
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
     PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget, out,
-                            tokens_on_n=tokens_on_n)
+                            config=PREFILL.PrefillConfig(tokens_on_n=tokens_on_n))
     torch.cuda.synchronize()
     assert_guards(big)
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..constants import PAGE_SIZE, TOPK
+from ..constants import TOPK
 from .decode import decode_query_start_loc
-from .paging import history_pages
+from .paging import history_pages, local_pages
 from .scores import dequantize_pages, row_positions, scores_from_keys
 
 EMPTY = -(2 ** 63)  # "no candidate"
@@ -70,7 +70,7 @@ def subset_candidates(index_q: torch.Tensor, cache: torch.Tensor, block_table: t
     b = block_table.shape[0]
     qsl = decode_query_start_loc(b, query_len, index_q.device)
     _, position = row_positions(seq_lens, qsl)
-    local = torch.div(position, PAGE_SIZE, rounding_mode="floor")
+    local = local_pages(position)
     # pages j = r + k*W below a bound n: k < ceil((n - r) / W)
     local_sub = torch.clamp(local - page_offset + page_step - 1, min=0) // page_step
     for req, n in enumerate(history_pages(seq_lens).tolist()):
@@ -107,7 +107,7 @@ def merge_candidates(candidates: torch.Tensor, seq_lens: torch.Tensor,
     dev = candidates.device
     b = seq_lens.shape[0]
     _, position = row_positions(seq_lens, decode_query_start_loc(b, query_len, dev))
-    L = torch.div(position, PAGE_SIZE, rounding_mode="floor")
+    L = local_pages(position)
     k = TOPK - 1
     best = torch.sort(candidates, dim=-1, descending=True).values[..., :k]
     if best.shape[-1] < k:

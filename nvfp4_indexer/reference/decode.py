@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..constants import PAGE_SIZE, TOPK
+from ..constants import TOPK
+from .paging import local_pages
 from .scores import page_scores, row_positions
 from .selection import select_pages
 
@@ -24,5 +25,5 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
     qsl = decode_query_start_loc(block_table.shape[0], query_len, index_q.device)
     scores = page_scores(index_q, cache, block_table, seq_lens, qsl)
     _, position = row_positions(seq_lens, qsl)
-    local = torch.div(position, PAGE_SIZE, rounding_mode="floor")
+    local = local_pages(position)
     return select_pages(scores, local, topk)

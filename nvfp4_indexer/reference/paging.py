@@ -70,6 +70,17 @@ def history_pages(seq_lens: torch.Tensor) -> torch.Tensor:
     return torch.clamp(seq_lens.to(torch.long) - 1, min=0) // PAGE_SIZE
 
 
+def history_page_count(seq_len: int) -> int:
+    """``history_pages`` of one host int: ``(seq_len - 1) // 128``, 0 for an empty request."""
+    return max(seq_len - 1, 0) // PAGE_SIZE
+
+
+def local_pages(position: torch.Tensor) -> torch.Tensor:
+    """Local page L = floor(position / 128) of query rows at ``position`` (int tensor; negative
+    for SPEC 5's padding rows, p < 0) (SPEC 5)."""
+    return torch.div(position, PAGE_SIZE, rounding_mode="floor")
+
+
 def pages_needed(seq_lens: torch.Tensor) -> torch.Tensor:
     """Block-table entries a request of ``seq_lens`` tokens uses: ceil(seq_len / 128)."""
     return (seq_lens.to(torch.long) + PAGE_SIZE - 1) // PAGE_SIZE

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..constants import PAGE_SIZE, TOPK
-from .paging import history_pages
+from .paging import history_pages, local_pages
 from .scores import dequantize_pages, row_positions, scores_from_keys
 from .selection import select_pages
 
@@ -68,7 +68,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     t, h, _ = index_q.shape
     out = torch.empty((t, h, topk), dtype=torch.int32, device=index_q.device)
     _, position = row_positions(seq_lens, cu_seqlens_q)
-    local = torch.div(position, PAGE_SIZE, rounding_mode="floor")
+    local = local_pages(position)
     qsl = cu_seqlens_q.tolist()
     for start, end in plan_chunks(history_pages(seq_lens).tolist(), max_gather_pages):
         workspace, offsets = gather_index_k_fp8(cache, block_table[start:end], seq_lens[start:end])

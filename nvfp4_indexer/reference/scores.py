@@ -11,7 +11,7 @@ import torch
 
 from ..constants import GROUP_SIZE, PAGE_SIZE
 from .formats import decode_e4m3, dequant_table, unpack_e2m1
-from .paging import history_pages, read_blocks
+from .paging import history_pages, local_pages, read_blocks
 
 # float64 elements one score block may hold (bounds the reference's memory: 256 MiB).
 _BLOCK_ELEMS = 1 << 25
@@ -110,7 +110,7 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     out = torch.full((t, h, w), -torch.inf, dtype=torch.float32, device=index_q.device)
     mag = torch.zeros((t, h), dtype=torch.float64, device=index_q.device)
     request, position = row_positions(seq_lens, query_start_loc)
-    local = torch.div(position, PAGE_SIZE, rounding_mode="floor")
+    local = local_pages(position)
     qsl = query_start_loc.tolist()
     n_hist = history_pages(seq_lens).tolist()
     for r, n in enumerate(n_hist):  # one request at a time: its own keys

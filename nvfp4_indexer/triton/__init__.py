@@ -1,6 +1,7 @@
-"""Triton backend: one kernel per module, each with a plain-Python launcher.
+"""Triton backend: one kernel (family) per module, each with a plain-Python launcher.
 
-Modules are imported lazily by ``nvfp4_indexer.api`` (nothing heavy is imported here):
+``nvfp4_indexer.api`` imports this package once, lazily, the first time a Triton backend is
+used; every launcher is imported here explicitly, so grep and IDEs see who calls what:
 
 - ``numerics``: shared ``@triton.jit`` device functions for E4M3 / E2M1 / NVFP4 (SPEC 1).
 - ``encode``: ``encode_e4m3`` (SPEC 1.1).
@@ -9,9 +10,16 @@ Modules are imported lazily by ``nvfp4_indexer.api`` (nothing heavy is imported 
 - ``insert``: fused RMSNorm + RoPE + quantize + paged write, ``insert_index_k`` (SPEC 3).
 - ``query``: fused RMSNorm + RoPE + E4M3 encode of index queries, ``prepare_index_q`` (SPEC 3).
 - ``gather``: history pages -> FP8 workspace, ``gather_index_k_fp8`` / ``gather_into`` (SPEC 7).
+- ``scores``: ``page_scores`` (SPEC 4).
+- ``decode``: ``DecodeRunner`` / ``decode_indexer`` (SPEC 5, 6); ``decode_wgmma`` its
+  page-score modes; ``context_parallel``: ``ContextParallelRunner`` (SPEC 8.2).
+- ``prefill``: ``prefill_indexer`` (SPEC 5, 7).
+- ``config``: the launchers' tuning configs (``DecodeConfig``, ``PrefillConfig``,
+  ``GatherConfig``, ``InsertConfig``); ``heuristics``: the host rules that pick launch
+  shapes (SM count, splits, windows, scratch sizes, row blocks).
 
 Kernels run on Hopper (SM90) and Blackwell GPUs and, for tests, on CPU tensors under the Triton
-interpreter. ``TRITON_INTERPRET=1`` must be in the environment *before* these modules are first
+interpreter. ``TRITON_INTERPRET=1`` must be in the environment *before* this package is first
 imported: Triton reads it when ``@triton.jit`` decorates a function (import time), choosing an
 interpreted or a compiled kernel once and for all.
 """
@@ -19,3 +27,24 @@ interpreted or a compiled kernel once and for all.
 from ._interpreter_compat import patch as _patch_interpreter
 
 _patch_interpreter()  # numpy >= 2.4 under TRITON_INTERPRET=1 (see _interpreter_compat)
+
+# ruff: noqa: E402  (the interpreter patch must run before the kernels are decorated)
+from . import heuristics
+from .config import DecodeConfig, GatherConfig, InsertConfig, PrefillConfig
+from .context_parallel import ContextParallelRunner
+from .decode import DecodeRunner, decode_indexer, score_buffer_size
+from .dequantize import dequantize_nvfp4
+from .encode import encode_e4m3
+from .gather import gather_index_k_fp8, gather_into
+from .insert import insert_index_k
+from .prefill import prefill_indexer
+from .quantize import quantize_nvfp4, write_index_k
+from .query import prepare_index_q
+from .scores import page_scores
+
+__all__ = [
+    "heuristics", "DecodeConfig", "GatherConfig", "InsertConfig", "PrefillConfig",
+    "ContextParallelRunner", "DecodeRunner", "decode_indexer", "score_buffer_size",
+    "dequantize_nvfp4", "encode_e4m3", "gather_index_k_fp8", "gather_into", "insert_index_k",
+    "prefill_indexer", "quantize_nvfp4", "write_index_k", "prepare_index_q", "page_scores",
+]

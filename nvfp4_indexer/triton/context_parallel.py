@@ -27,51 +27,19 @@ import triton
 import triton.language as tl
 
 from ..constants import HEAD_DIM, TOPK
+from ..validation import check_int
+from . import heuristics as hz
 from . import layout
-from .decode import (
-    MAX_ROWS,
-    MAX_SPLITS,
-    MAXNREG,
-    MIN_PAGES_PER_SPLIT,
-    PROGRAMS_PER_SM,
-    SCORE_ERROR_BITS,
-    _decode_score_kernel,
-    _num_sms,
-    _window_elems,
-    block_rows,
-    default_dequant,
-)
+from .config import KERNEL_DEQUANT_MODES, DecodeConfig, check_config
+from .decode import SCORE_ERROR_BITS, _decode_score_kernel
 from .dot_modes import resolve_dot
+from .heuristics import MAX_ROWS, block_rows, cp_num_splits, subset_pages
 from .layout import local_page
 from .numerics import device_guard, portable_default
-from .ptx import DEQUANT_MODES
 from .scan import clamped_seq_len, decode_rows, out_offsets
-from .topk import EMPTY, TOPK_SLOTS, load_candidates, merge_config, write_selection
-from .topk import choose_window as topk_choose_window
+from .topk import EMPTY, load_candidates, write_selection
 
-SEND_KEEP = TOPK_SLOTS  # candidates a rank sends per row (>= the 15 history slots)
-
-
-def subset_pages(width: int, world: int) -> int:
-    """History pages a rank scores at most per request: ceil((width - 1) / world)."""
-    return triton.cdiv(max(width - 1, 1), world)
-
-
-def cp_num_splits(num_reqs: int, width: int, world: int, num_sms: int,
-                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
-    """NUM_SPLITS of a rank's score kernel: ``decode.choose_num_splits``'s rule applied to
-    the rank's ``subset_pages`` (static shapes only). 1 when ``width - 1 <= 15``: every row is
-    short (SPEC 5) and nothing is scored."""
-    if width - 1 <= 15:
-        return 1
-    max_pages = subset_pages(width, world)
-    b = max(num_reqs, 1)
-    ns = min(triton.cdiv(programs_per_sm * num_sms, b), max_pages, MAX_SPLITS)
-    if b * ns > 4 * num_sms:
-        ns = min(ns, triton.cdiv(max_pages, 2))
-    if b * ns > 8 * num_sms:
-        ns = min(ns, triton.cdiv(max_pages, MIN_PAGES_PER_SPLIT))
-    return max(ns, 1)
+SEND_KEEP = TOPK  # candidates a rank sends per row (>= the 15 history slots)
 
 
 @triton.jit(do_not_specialize=["num_rows", "width"],
@@ -136,30 +104,32 @@ class ContextParallelRunner:
         world / rank: the group size W and this rank's index r (scores pages j % W == r).
         num_reqs: padded batch B. width: block-table width W'. query_len: Q (1..8).
         device: the CUDA device (or CPU under the interpreter).
-        dot / dequant / num_splits / window / num_warps / num_stages / maxnreg /
-        programs_per_sm: as ``decode.DecodeRunner`` (the score kernel is the same).
+        config: the score kernel's tuning (``config.DecodeConfig``, as ``decode.DecodeRunner``;
+            its dequant must be a one-launch kernel mode, ``KERNEL_DEQUANT_MODES``, and pdl
+            False; wgmma_min_pages is unused).
         rows_per_program: query rows per program of the reduce and merge kernels (a power of
-            two; default ``topk.merge_config``'s one row on a GPU, and under the interpreter
-            all of a request's rows: fewer interpreted programs).
+            two; default ``heuristics.merge_config``'s one row on a GPU, and under the
+            interpreter all of a request's rows: fewer interpreted programs).
         warmup: compile the kernels now (default on CUDA), so capture never compiles.
     Raises:
-        ValueError: bad sizes or knobs. NotImplementedError: Q * W * H_r > 64 (the score
+        ValueError: bad sizes or config. NotImplementedError: Q * W * H_r > 64 (the score
         kernel holds every rank's rows of a request in one tile).
     """
 
     def __init__(self, num_heads: int, world: int, rank: int, num_reqs: int, width: int,
-                 query_len: int, device, *, dot: str | None = None,
-                 dequant: str | None = None, num_splits: int | None = None,
-                 window: int | None = None, num_warps: int = 4, num_stages: int = 2,
-                 maxnreg: int | None = MAXNREG, programs_per_sm: int = PROGRAMS_PER_SM,
+                 query_len: int, device, *, config: DecodeConfig | None = None,
                  rows_per_program: int | None = None, warmup: bool | None = None):
-        for name, val, lo in (("num_heads", num_heads, 1), ("world", world, 1),
-                              ("num_reqs", num_reqs, 1), ("width", width, 1),
-                              ("query_len", query_len, 1)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < lo:
-                raise ValueError(f"{name}: expected an int >= {lo}, got {val!r}")
-        if not isinstance(rank, int) or not 0 <= rank < world:
-            raise ValueError(f"rank: expected an int in 0..{world - 1}, got {rank!r}")
+        # Python or numpy integers, never bool (SPEC 11)
+        num_heads, world, num_reqs, width, query_len = (
+            check_int(name, val, lo=1) for name, val in (
+                ("num_heads", num_heads), ("world", world), ("num_reqs", num_reqs),
+                ("width", width), ("query_len", query_len)))
+        rank = check_int("rank", rank, lo=0, hi=world - 1)
+        rows_per_program = check_int("rows_per_program", rows_per_program, lo=1, optional=True)
+        if rows_per_program is not None and rows_per_program & (rows_per_program - 1):
+            raise ValueError(f"rows_per_program: expected None or a power of two, got "
+                             f"{rows_per_program!r}")
+        cfg = self.config = check_config("config", config, DecodeConfig)
         heads = world * num_heads
         if query_len * heads > MAX_ROWS:
             raise NotImplementedError(
@@ -172,50 +142,43 @@ class ContextParallelRunner:
         self.num_heads, self.world, self.rank = num_heads, world, rank
         self.num_reqs, self.width, self.query_len = num_reqs, width, query_len
         self.block_m = block_rows(query_len, heads)
-        self.dot = resolve_dot(dot, self.device)
-        if dequant is None:
-            dequant = default_dequant(self.device, self.dot)
-        if dequant not in DEQUANT_MODES:
-            raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
+        self.dot = resolve_dot(cfg.dot, self.device)
+        dequant = cfg.dequant or hz.default_dequant(self.device, self.dot)
+        if dequant not in KERNEL_DEQUANT_MODES:
+            raise ValueError(f"dequant: expected one of {KERNEL_DEQUANT_MODES}, got "
+                             f"{dequant!r}")
         if dequant != "triton" and (self.dot != "fp16" or portable_default(self.device)):
             raise ValueError(f"dequant: {dequant!r} needs a CUDA GPU and dot 'fp16', got dot "
                              f"{self.dot!r} on {self.device}")
-        if num_splits is not None and (not isinstance(num_splits, int)
-                                       or isinstance(num_splits, bool)
-                                       or not 1 <= num_splits <= MAX_SPLITS):
-            raise ValueError(f"num_splits: expected None or an int in 1..{MAX_SPLITS}, got "
-                             f"{num_splits!r}")
-        self.num_splits = num_splits or cp_num_splits(num_reqs, width, world,
-                                                      _num_sms(self.device), programs_per_sm)
-        per = triton.cdiv(subset_pages(width, world), self.num_splits)
-        self.keep = min(16, triton.next_power_of_2(per))
-        if window is None:
-            window = topk_choose_window(per, self.block_m)
-        if not isinstance(window, int) or window < 1 or window & (window - 1) \
-                or window * self.block_m > 4096:
-            raise ValueError(f"window: expected a power of two with window * BLOCK_M <= 4096, "
-                             f"got {window!r}")
+        if cfg.pdl:
+            raise ValueError("pdl: expected False (the context-parallel runner has no merge "
+                             "launch to overlap), got True")
+        self.num_splits = cfg.num_splits or cp_num_splits(
+            num_reqs, width, world, hz.num_sms(self.device),
+            cfg.programs_per_sm or hz.PROGRAMS_PER_SM)
+        per = hz.cdiv(subset_pages(width, world), self.num_splits)
+        self.keep = hz.keep_for_pages(per)
+        window = cfg.window or hz.choose_window(per, self.block_m)
+        if window * self.block_m > hz.MAX_WINDOW_ELEMS:
+            raise ValueError(f"window: expected a power of two with window * BLOCK_M <= "
+                             f"{hz.MAX_WINDOW_ELEMS}, got {window} (BLOCK_M {self.block_m})")
         self.dequant, self.window = dequant, window
-        self.num_warps, self.num_stages = num_warps, num_stages
-        self._reg_cap = ({} if maxnreg is None or portable_default(self.device)
-                         else {"maxnreg": maxnreg})
-        self.splits_pad = triton.next_power_of_2(self.num_splits)
-        self.reduce_rows, self.reduce_warps = merge_config(self.num_splits, self.keep)
-        self.world_pad = triton.next_power_of_2(world)
-        self.merge_rows, self.merge_warps = merge_config(world, SEND_KEEP)
+        self.num_warps, self.num_stages = cfg.num_warps, cfg.num_stages
+        self._reg_cap = ({} if cfg.maxnreg is None or portable_default(self.device)
+                         else {"maxnreg": cfg.maxnreg})
+        self.splits_pad = hz.next_pow2(self.num_splits)
+        self.reduce_rows, self.reduce_warps = hz.merge_config(self.num_splits, self.keep)
+        self.world_pad = hz.next_pow2(world)
+        self.merge_rows, self.merge_warps = hz.merge_config(world, SEND_KEEP)
         if rows_per_program is not None:
-            if not isinstance(rows_per_program, int) or rows_per_program < 1 \
-                    or rows_per_program & (rows_per_program - 1):
-                raise ValueError(f"rows_per_program: expected None or a power of two, got "
-                                 f"{rows_per_program!r}")
             self.reduce_rows = self.merge_rows = rows_per_program
         elif portable_default(self.device):  # interpreter: one program per request
-            self.reduce_rows = triton.next_power_of_2(query_len * heads)
-            self.merge_rows = triton.next_power_of_2(query_len * num_heads)
+            self.reduce_rows = hz.next_pow2(query_len * heads)
+            self.merge_rows = hz.next_pow2(query_len * num_heads)
         # the decode runner's scratch shapes (candidates always: the exchange needs them)
         self.scratch = torch.empty(num_reqs * self.block_m * self.num_splits * self.keep,
                                    dtype=torch.int64, device=self.device)
-        nw = _window_elems(num_reqs, self.num_splits, self.block_m, window)
+        nw = hz.window_elems(num_reqs, self.num_splits, self.block_m, window)
         self.win = torch.empty(max(nw, 1), dtype=torch.float32, device=self.device)
         if warmup is None:
             warmup = self.device.type == "cuda"

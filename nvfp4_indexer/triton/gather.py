@@ -3,7 +3,7 @@
 Workspace page ``page_offsets[r] + j`` holds request r's logical page j, token-major
 ``[128 tokens, 128 dims]``, as dequant_e4m3 bytes (SPEC 1.4), bit-exact.
 
-Dequantization modes (the ``DEQUANT`` constexpr, ``gather_into(dequant=...)``):
+Dequantization modes (the ``DEQUANT`` constexpr, ``GatherConfig(dequant=...)``):
 
 - "ptx" (GPU default, SM89+): code bytes read as uint16 pairs, one inline-PTX call
   (``ptx.dequant_e4m3_bytes``) turns 2 pairs (8 dims) into two uint32 words of
@@ -20,27 +20,14 @@ import triton.language as tl
 
 from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.paging import history_pages
-from ..validation import check_int
+from . import heuristics as hz
+from .config import GatherConfig, check_config
 from .dequantize import dequant_code_tile
 from .numerics import device_guard, interpreting, portable_default
 from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, WS_PAGE,
                      num_history_pages)
 from .ptx import dequant_e4m3_bytes
 
-DEQUANT_MODES = ("triton", "ptx")
-TOK_BLOCKS = (8, 16, 32, 64, 128)  # tokens per inner step (powers of two dividing 128)
-NUM_WARPS = (1, 2, 4, 8, 16)
-# 16 tokens per step: 2.4x the throughput of 32 on the large cases (H200, benchmarks.knob_lab)
-DEFAULT_TOK_BLOCK = 16
-PAGE_PARTS = (1, 2, 4, 8)  # programs per page (tokens 128 / parts each)
-# One warp per 16-token eighth of a page: the best or within 1 % of it on every measured case
-# (H200, benchmarks.knob_lab: 77 % of copy at 108 MB, 62-64 % at 27-29 MB, 36 % at 7 MB where
-# one program per page on 4 warps reached 77 / 53-55 / 20 %).
-DEFAULT_NUM_WARPS = 1
-DEFAULT_PAGE_PARTS = 8
-# Evict-first page loads and streaming (.cs) workspace stores: 1.6-11 % faster on all five lab
-# cases (H200, benchmarks.knob_lab), 2.46 -> 2.84 TB/s on a 1 GB gather.
-DEFAULT_STREAMING = True
 MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
 
 
@@ -107,44 +94,29 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
                 tl.store(out_page + tok * HEAD + d, out)
 
 
-def resolve_tuning(device, portable=None, dequant=None, tok_block=None, num_warps=None,
-                   page_parts=None):
-    """``(PORTABLE, DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS)`` of a gather launch on
-    ``device`` from ``gather_into``'s arguments (None = default; the same checks and
-    ValueErrors)."""
+def resolve_tuning(device, portable: bool | None = None,
+                   config: GatherConfig | None = None):
+    """``(PORTABLE, DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM)`` of a gather launch on
+    ``device`` (``heuristics.gather_defaults`` for the fields ``config`` leaves None).
+
+    Raises:
+        ValueError: ``config`` not None or a ``GatherConfig``; dequant "ptx" under the
+        interpreter / off CUDA / with portable=True.
+    """
+    cfg = check_config("config", config, GatherConfig)
     portable = portable_default(device) if portable is None else bool(portable)
-    if dequant is None:  # the asm's f16x2 <-> e4m3x2 conversions need SM89+
-        dev = torch.device(device)
-        dequant = "triton" if (portable or dev.type != "cuda"
-                               or torch.cuda.get_device_capability(dev) < (8, 9)) else "ptx"
-    elif dequant not in DEQUANT_MODES:
-        raise ValueError(f"dequant: expected one of {DEQUANT_MODES}, got {dequant!r}")
-    elif dequant == "ptx" and (portable or interpreting()
-                               or torch.device(device).type != "cuda"):
+    if cfg.dequant == "ptx" and (portable or interpreting()
+                                 or torch.device(device).type != "cuda"):
         raise ValueError("dequant: 'ptx' needs a CUDA GPU (SM89+) with portable=False, not "
                          "the interpreter / CPU / portable mode")
-    if tok_block is None:
-        tok_block = 128 if interpreting() else DEFAULT_TOK_BLOCK
-    else:  # Python or numpy integers, never bool (SPEC 11)
-        tok_block = check_int("tok_block", tok_block, choices=TOK_BLOCKS)
-    if num_warps is None:
-        num_warps = DEFAULT_NUM_WARPS
-    else:
-        num_warps = check_int("num_warps", num_warps, choices=NUM_WARPS)
-    if page_parts is None:  # the interpreter runs whole pages (fewer, vectorized programs)
-        page_parts = 1 if interpreting() else DEFAULT_PAGE_PARTS
-    else:
-        page_parts = check_int("page_parts", page_parts, choices=PAGE_PARTS)
-    tok_block = min(tok_block, 128 // page_parts)
-    return portable, dequant, tok_block, num_warps, page_parts
+    return (portable,) + hz.gather_defaults(device, portable, cfg.dequant, cfg.tok_block,
+                                            cfg.num_warps, cfg.page_parts, cfg.streaming)
 
 
 def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
                 page_offsets: torch.Tensor, workspace: torch.Tensor, max_pages: int, *,
                 lengths_are_seq_lens: bool = True, portable: bool | None = None,
-                dequant: str | None = None, tok_block: int | None = None,
-                num_warps: int | None = None, page_parts: int | None = None,
-                streaming: bool | None = None) -> None:
+                config: GatherConfig | None = None) -> None:
     """Launch the gather without host syncs (SPEC 7): request r's logical pages
     j < n_r go to ``workspace[page_offsets[r] + j]``. Capturable in a CUDA graph.
 
@@ -161,30 +133,17 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             over launches of at most ``MAX_GRID_Y`` requests; pages past n_r exit).
         portable: force the PORTABLE constexpr (tests); default True under the interpreter /
             off CUDA.
-        dequant: tuning override, ``DEQUANT_MODES``: "ptx" (default on a CUDA GPU unless
-            portable; needs SM89+) or "triton" (the only mode under the interpreter / portable).
-            Both give the same bytes.
-        tok_block: tuning override, tokens per step, one of ``TOK_BLOCKS`` (default 16; 128
-            under the interpreter).
-        num_warps: tuning override, warps per program, one of ``NUM_WARPS`` (default 1).
-        page_parts: tuning override, programs per page, one of ``PAGE_PARTS`` (default
-            ``DEFAULT_PAGE_PARTS``, 1 under the interpreter; ``tok_block`` is capped at
-            128 / page_parts).
-        streaming: tuning override: evict-first page loads and streaming (``.cs``) workspace
-            stores in the "ptx" mode (default ``DEFAULT_STREAMING``); the bytes are the same.
+        config: tuning (``config.GatherConfig``: dequant, tok_block, num_warps, page_parts,
+            streaming); None = defaults (``heuristics.gather_defaults``). Every setting
+            writes the same bytes.
     Raises:
-        ValueError: a tuning override outside its set, or dequant "ptx" under the
-            interpreter / off CUDA / with portable=True (checked before any early return), or
-            "ptx" with a workspace not 4-byte aligned / a cache not 2-byte aligned (the
-            default then takes "triton").
+        ValueError: a bad ``config``, or dequant "ptx" under the interpreter / off CUDA / with
+            portable=True (checked before any early return), or "ptx" with a workspace not
+            4-byte aligned / a cache not 2-byte aligned (the default then takes "triton").
     """
-    explicit = dequant
-    if streaming is None:
-        streaming = DEFAULT_STREAMING
-    elif type(streaming) is not bool:
-        raise ValueError(f"streaming: expected None or a bool, got {streaming!r}")
-    portable, dequant, tok_block, num_warps, page_parts = resolve_tuning(
-        cache.device, portable, dequant, tok_block, num_warps, page_parts)
+    explicit = config.dequant if isinstance(config, GatherConfig) else None
+    portable, dequant, tok_block, num_warps, page_parts, streaming = resolve_tuning(
+        cache.device, portable, config)
     r = block_table.shape[0]
     if r == 0 or max_pages <= 0 or workspace.shape[0] == 0 or block_table.shape[1] == 0 \
             or cache.shape[0] == 0:  # nothing readable

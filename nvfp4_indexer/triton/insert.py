@@ -15,11 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..validation import check_int
+from . import heuristics as hz
+from .config import InsertConfig, check_config
 from .numerics import (
     device_guard,
     gemma_rstd,
-    interpreting,
     norm_pow2_scale,
     nvfp4_quantize_halves,
     nvfp4_quantize_pairs,
@@ -28,8 +28,7 @@ from .numerics import (
     rope_freq,
     rope_partner,
 )
-from .quantize import (_rows_view, paged_token_bases, pair_dims, rows_per_program,
-                       store_nvfp4_tokens)
+from .quantize import _rows_view, paged_token_bases, pair_dims, store_nvfp4_tokens
 
 
 @triton.jit
@@ -184,27 +183,10 @@ def _insert_index_k_kernel(x_ptr, x_row_stride, n_rows, pos_ptr, w_ptr, cs_ptr, 
                            scales, True)
 
 
-def _launch_shape(rotary_dim: int, n: int, block_t: int | None,
-                  num_warps: int | None) -> tuple[int, int]:
-    """(BLOCK_T, num_warps) for a launch. ROT 64 / 128 map two threads to a token (offline
-    SM90 compile at 16 tokens / 1 warp: 62 SASS instructions per value, no barrier;
-    ``python -m benchmarks.sass_stats --elementwise``);
-    4 tokens on one warp was the fastest measured launch of both paths (H200, 16K tokens:
-    fast path 8.9 us at 4 / 1, 9.1 at 8 / 1, 10.1 at 16 / 1; the general path 13.8 us at
-    4 / 1, 18.7 at 8 / 4). The interpreter takes larger tiles (``rows_per_program``)."""
-    fast = rotary_dim in (64, 128)
-    if block_t is None:
-        block_t = rows_per_program(n) if interpreting() else 4
-    if num_warps is None:  # fast path: 2 * BLOCK_T threads, at least one warp
-        num_warps = min(8, max(1, 2 * block_t // 32)) if fast else 1
-    return block_t, num_warps
-
-
 def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                    slot_mapping: torch.Tensor, k_norm_weight: torch.Tensor,
                    cos_sin_cache: torch.Tensor, rotary_dim: int = 64, eps: float = 1e-6, *,
-                   portable: bool | None = None, block_t: int | None = None,
-                   num_warps: int | None = None) -> None:
+                   portable: bool | None = None, config: InsertConfig | None = None) -> None:
     """Fused Gemma RMSNorm + NeoX RoPE + NVFP4 quantize + paged write of index keys (SPEC 3).
 
     Args:
@@ -215,24 +197,21 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
         (cos first half, sin second; any strides). rotary_dim: even, 2..128 (a constexpr:
         one compile per value; 64 and 128 take the vectorized path). eps: norm epsilon.
         portable: force the PORTABLE constexpr (tests).
-        block_t: tokens per program, a power of two in 1..128 (tuning; default
-        ``_launch_shape``). num_warps: 1, 2, 4 or 8 (tuning; default ``_launch_shape``).
+        config: tuning (``config.InsertConfig``: block_t, num_warps); None = defaults
+        (``heuristics.insert_launch_shape``).
     Raises:
-        ValueError: ``block_t`` or ``num_warps`` out of range.
+        ValueError: ``config`` not None or an ``InsertConfig``.
     Inputs are validated by ``nvfp4_indexer.api.insert_index_k``. Writes exactly 72 bytes per
     written token.
     """
-    # Python or numpy integers, never bool (SPEC 11)
-    block_t = check_int("block_t", block_t, choices=(1, 2, 4, 8, 16, 32, 64, 128),
-                        optional=True)
-    num_warps = check_int("num_warps", num_warps, choices=(1, 2, 4, 8), optional=True)
+    cfg = check_config("config", config, InsertConfig)
     rotary_dim = int(rotary_dim)
     t = k.shape[0]
     if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
         return
     k2 = _rows_view(k)
     portable = portable_default(k.device) if portable is None else portable
-    bt, nw = _launch_shape(rotary_dim, t, block_t, num_warps)
+    bt, nw = hz.insert_launch_shape(rotary_dim, t, cfg.block_t, cfg.num_warps)
     with device_guard(k.device):
         _insert_index_k_kernel[(triton.cdiv(t, bt),)](
             k2, k2.stride(0), t, positions.contiguous(), k_norm_weight.contiguous(),

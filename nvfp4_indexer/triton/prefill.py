@@ -10,7 +10,7 @@ gathers the pages of the other requests (``gather.gather_into``, one launch) int
 ``float8_e4m3fn [P, 128, 128]`` (token-major).
 
 Score kernel, grid ``(row blocks, NUM_SPLITS)``: a row block is ``BLOCK_M`` (token, head) rows
-of one request (``scoring.plan_row_blocks``); its pages are those below the local page of its
+of one request (``heuristics.plan_row_blocks``); its pages are those below the local page of its
 last row (rows are bottom-right aligned, so that is the block's largest L), 0 when that is
 <= 15. Split s takes the s-th of NUM_SPLITS equal ranges of those pages; per page: a
 ``[128 tokens, 128 dims]`` E4M3 tile from the workspace, the token scores in one K=128 MMA
@@ -21,7 +21,7 @@ row's running top-KEEP list (KEEP = min(16, next power of two >= pages per split
 page, or once per window of buffered page scores for splits of >= 32 pages, as in ``decode``).
 No ``[tokens, heads, pages]`` score tensor exists: each program writes its lists to the
 candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kernel (grid
-``(blocks, BLOCK_M)``, one row per program, ``topk.merge_config``) selects the final 15 and
+``(blocks, BLOCK_M)``, one row per program, ``heuristics.merge_config``) selects the final 15 and
 writes SPEC 5's output. With one split the score kernel writes the output itself.
 
 Dot modes and their error bounds are those of ``decode`` (``SCORE_ERROR_BITS``). Host syncs
@@ -37,27 +37,16 @@ import triton.language as tl
 from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.prefill import plan_chunks
 from ..validation import check_int
-from .decode import MAX_SPLITS, _num_sms
+from . import heuristics as hz
+from .config import PrefillConfig, check_config
 from .dot_modes import resolve_dot
 from .gather import gather_into
-from .layout import SHORT_MAX_LOCAL, WS_PAGE, scored_pages, split_range
+from .heuristics import TOKENS_ON_N_DOTS, plan_row_blocks
+from .layout import WS_PAGE, scored_pages, split_range
 from .numerics import device_guard, portable_default
 from .operands import load_q_rows, load_q_t
 from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan_pages
-from .scoring import fp8_page_scores, fp8_page_scores_n, plan_row_blocks
-from .topk import choose_window, merge_config
-
-# (token, head) rows per score program. 128 on 4 warps: each page copy and conversion serves
-# twice the rows of 64 (H200, benchmarks.knob_lab, one process, all 18 WORKLOADS.md cases:
-# 14 faster, geometric mean 6.4 %; 8 warps and 256 rows were slower).
-MAX_BLOCK_M = 128
-MIN_PAGES_PER_SPLIT = 4
-PROGRAMS_PER_SM = 8  # split target of the score kernel (the H200 lab tuned decode only)
-# Dot modes scored with the page tokens on the MMA's N axis by default (H200,
-# benchmarks.knob_lab, one process, all 18 WORKLOADS.md cases against tokens on M: geometric
-# mean 1.13x, 1.12-1.29x on every 16K-token and 4K x 128K case, 16K x 128K 10.78 -> 8.39 ms;
-# the 5 slower ones are sub-2 ms eager timings; "fp8" keeps tokens on M: not timed).
-TOKENS_ON_N_DOTS = ("fp16", "bf16")
+from .scoring import fp8_page_scores, fp8_page_scores_n
 
 
 @triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
@@ -113,20 +102,9 @@ def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, 
                  out_ptr + out_offsets(token, h, H), NUM_SPLITS, SPLITS_PAD, KEEP)
 
 
-def _num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
-    # -(-a // b): ceil division in plain Python (triton.cdiv's wrapper costs host time)
-    ns = min(-(-PROGRAMS_PER_SM * num_sms // max(num_blocks, 1)),
-             -(-max(max_pages, 1) // MIN_PAGES_PER_SPLIT), MAX_SPLITS)
-    return max(ns, 1)
-
-
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_gather_pages: int,
-                    out: torch.Tensor, *, dot: str | None = None,
-                    num_splits: int | None = None, window: int | None = None,
-                    block_m: int | None = None, num_warps: int = 4,
-                    num_stages: int = 2, tokens_on_n: bool | None = None,
-                    gather_streaming: bool | None = None) -> torch.Tensor:
+                    out: torch.Tensor, *, config: PrefillConfig | None = None) -> torch.Tensor:
     """Selected pages of prefill requests into ``out`` (SPEC 5, 7).
 
     Args:
@@ -135,64 +113,40 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         ``[R+1]`` (each q_len >= 1). seq_lens: int32 ``[R]`` (q_len <= seq_len <= W*128).
         max_gather_pages: workspace budget in pages per chunk (>= any request's history).
         out: int32 ``[Tp, H, 16]`` contiguous.
-        dot: dot mode (``dot_modes.DOT_MODES``; default fp16 on GPU, fp32 under the
-        interpreter). num_splits: NUM_SPLITS override (tests / tuning). window: top-k
-        window override (a power of two, window * BLOCK_M <= 4096; default
-        ``topk.choose_window``: 1 below 32 pages per split).
-        block_m: (token, head) rows per score program, a power of two in 16..256 (tuning;
-        default: the request's rows rounded up to a power of two, at most ``MAX_BLOCK_M``).
-        num_warps / num_stages: launch options of the score kernel (tuning).
-        tokens_on_n: page tokens on the MMA's N axis (``scoring.fp8_page_scores_n``: the max
-        over tokens stays in registers) rather than M (tuning; default: True for the 16-bit
-        GPU dot modes, False for "fp8" and "fp32"; every dot mode runs either way).
-        gather_streaming: the workspace gather's ``streaming`` option (tuning; default: the
-        gather's own, ``gather.DEFAULT_STREAMING``).
+        config: tuning (``config.PrefillConfig``: dot, num_splits, window, block_m, num_warps,
+        num_stages, tokens_on_n, the gather's ``GatherConfig``); None = defaults
+        (``heuristics``).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
-        ValueError: ``num_splits`` not None or an int in 1..MAX_SPLITS; ``window`` not None or
-        a power of two in 1..64, or with window * BLOCK_M > 4096; ``block_m`` not None or a
-        power of two in 16..256;
-        ``num_warps`` not 1, 2, 4 or 8; ``num_stages`` not an int in 1..4; ``tokens_on_n`` or
-        ``gather_streaming`` not None or a bool.
+        ValueError: ``config`` not None or a ``PrefillConfig``; its window with
+        window * BLOCK_M > 4096; a bad ``max_gather_pages``.
     """
-    # Python or numpy integers, never bool (SPEC 11)
-    num_splits = check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS, optional=True)
-    window = check_int("window", window, choices=(1, 2, 4, 8, 16, 32, 64), optional=True)
-    block_m = check_int("block_m", block_m, choices=(16, 32, 64, 128, 256), optional=True)
-    num_warps = check_int("num_warps", num_warps, choices=(1, 2, 4, 8))
-    num_stages = check_int("num_stages", num_stages, lo=1, hi=4)
+    cfg = check_config("config", config, PrefillConfig)
     max_gather_pages = check_int("max_gather_pages", max_gather_pages, lo=0)
-    if tokens_on_n is not None and type(tokens_on_n) is not bool:
-        raise ValueError(f"tokens_on_n: expected None or a bool, got {tokens_on_n!r}")
     t, h, _ = index_q.shape
     num_reqs = block_table.shape[0]
     dev = index_q.device
-    dot = resolve_dot(dot, dev)
-    if tokens_on_n is None:
-        tokens_on_n = dot in TOKENS_ON_N_DOTS
-    if gather_streaming is not None and type(gather_streaming) is not bool:
-        raise ValueError(f"gather_streaming: expected None or a bool, got {gather_streaming!r}")
+    dot = resolve_dot(cfg.dot, dev)
+    tokens_on_n = dot in TOKENS_ON_N_DOTS if cfg.tokens_on_n is None else cfg.tokens_on_n
     if t == 0 or num_reqs == 0:
         return out
     qsl = cu_seqlens_q.tolist()
     sl = seq_lens.tolist()
     portable = portable_default(dev)
-    # Pages a request needs gathered: its last query's history, unless all its rows are short.
-    hist = [max(s - 1, 0) // PAGE_SIZE for s in sl]
-    need = [n if n > SHORT_MAX_LOCAL else 0 for n in hist]
+    need = hz.gather_pages_needed(sl)
     chunks = plan_chunks(need, max(max_gather_pages, max(need)))
     ws_pages = max(sum(need[a:b]) for a, b in chunks)
     workspace = torch.empty((max(ws_pages, 1), PAGE_SIZE, HEAD_DIM), dtype=torch.float8_e4m3fn,
                             device=dev)
     longest = max(qsl[i + 1] - qsl[i] for i in range(num_reqs))
-    if block_m is None:
-        block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
-    if window is not None and window * block_m > 4096:  # the window scratch's bound
-        raise ValueError(f"window: expected window * BLOCK_M <= 4096, got {window} * {block_m}")
+    block_m = cfg.block_m or hz.prefill_block_m(longest, h)
+    if cfg.window is not None and cfg.window * block_m > hz.MAX_WINDOW_ELEMS:
+        raise ValueError(f"window: expected window * BLOCK_M <= {hz.MAX_WINDOW_ELEMS}, got "
+                         f"{cfg.window} * {block_m}")
     q8 = index_q.view(torch.uint8)
     ws8 = workspace.view(torch.uint8)
-    num_sms = _num_sms(dev)
+    num_sms = hz.num_sms(dev)
     for a, b in chunks:
         reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(a, b))
         nb = len(reqs)
@@ -204,28 +158,23 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         if offsets[-1]:
             gather_into(cache, block_table[a:b], ws_off[1:] - ws_off[:-1], ws_off, workspace,
                         max(need[a:b]), lengths_are_seq_lens=False, portable=portable,
-                        streaming=gather_streaming)
-        score_pages = max(p if p > SHORT_MAX_LOCAL else 0 for p in pages)
-        ns = num_splits or _num_splits(nb, score_pages, num_sms)
-        if score_pages == 0:
-            ns = 1
-        per = triton.cdiv(max(score_pages, 1), ns)  # pages of the longest split
-        keep = min(16, triton.next_power_of_2(per))
-        win = window if window is not None else choose_window(per, block_m)
-        cand = torch.empty((nb * block_m * ns * keep if ns > 1 else 1,), dtype=torch.int64,
-                           device=dev)
-        scratch = torch.empty((nb * ns * 2 * win * block_m if win > 1 else 1,),
-                              dtype=torch.float32, device=dev)
+                        config=cfg.gather)
+        score_pages = max(p if p > hz.SHORT_MAX_LOCAL else 0 for p in pages)
+        launch = hz.prefill_launch(nb, score_pages, block_m, num_sms,
+                                   num_splits=cfg.num_splits, window=cfg.window)
+        ns, keep, win = launch["ns"], launch["keep"], launch["win"]
+        cand = torch.empty((max(launch["cand"], 1),), dtype=torch.int64, device=dev)
+        scratch = torch.empty((max(launch["win_elems"], 1),), dtype=torch.float32, device=dev)
         with device_guard(dev):
             _prefill_score_kernel[(nb, ns)](
                 q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
                 blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
-                DOT=dot, WINDOW=win, KEEP=keep, TOKENS_N=tokens_on_n, num_warps=num_warps,
-                num_stages=num_stages)
+                DOT=dot, WINDOW=win, KEEP=keep, TOKENS_N=tokens_on_n,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             if ns > 1:
-                rows, warps = merge_config(ns, keep)
+                rows, warps = hz.merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
                     cand, cu_seqlens_q, seq_lens, blocks, nb, out, H=h, BLOCK_M=block_m,
-                    NUM_SPLITS=ns, SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows,
+                    NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns), ROWS=rows,
                     KEEP=keep, num_warps=warps)
     return out

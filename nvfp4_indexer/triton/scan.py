@@ -103,7 +103,7 @@ def out_offsets(row, h, H: tl.constexpr):
 @triton.jit
 def block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk, rows,
                     H: tl.constexpr):
-    """Rows of row block ``blk`` (see ``scoring.plan_row_blocks``; ``blk_ptr`` holds int32
+    """Rows of row block ``blk`` (see ``heuristics.plan_row_blocks``; ``blk_ptr`` holds int32
     ``[2, num_blocks]``: request, first row), for in-block row indices ``rows [R]``.
 
     Returns ``(token [R] int64, head [R], local page [R] (0 for p < 0), row mask [R])``.

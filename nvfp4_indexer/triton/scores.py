@@ -1,7 +1,7 @@
 """Triton page scores: page maxima of every query row read from the NVFP4 pages (SPEC 4).
 
 Grid ``(row blocks, page groups)``: a row block is up to ``BLOCK_M`` (token, head) rows of
-one request (``scoring.plan_row_blocks``); program (k, g) scores the block's pages
+one request (``heuristics.plan_row_blocks``); program (k, g) scores the block's pages
 ``[g * PAGES_PER_PROGRAM, (g + 1) * PAGES_PER_PROGRAM)`` below the block's largest local page
 and stores each page maximum where ``j < L`` of the row. Everything else of the
 ``[T, H, W]`` output is -inf (filled before the launch). Scores carry the dot mode's rounding
@@ -15,13 +15,13 @@ import triton
 import triton.language as tl
 
 from .dot_modes import resolve_dot
+from .heuristics import SCORES_MAX_BLOCK_M, plan_row_blocks, prefill_block_m
 from .numerics import device_guard
 from .operands import load_q_pairs_t
 from .scan import block_rows_info
-from .scoring import nvfp4_page_scores, plan_row_blocks
+from .scoring import nvfp4_page_scores
 
 PAGES_PER_PROGRAM = 8
-MAX_BLOCK_M = 64  # (token, head) rows per program
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     qsl = query_start_loc.tolist()
     sl = seq_lens.tolist()
     longest = max([qsl[i + 1] - qsl[i] for i in range(r)] + [1])
-    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(longest * h)))
+    block_m = prefill_block_m(longest, h, SCORES_MAX_BLOCK_M)
     reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(r))
     if not reqs or max(pages) == 0:
         return out

@@ -110,27 +110,3 @@ def fp8_page_scores_n(page_ptr, q_rows, DOT: tl.constexpr):
     return tl.max(acc, 1)
 
 
-# --------------------------------------------------------------------------------------------
-# Host-side planning shared by the prefill scorer and page_scores
-# --------------------------------------------------------------------------------------------
-
-def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: int,
-                    block_m: int, requests) -> tuple[list[int], list[int], list[int]]:
-    """Split the query rows of ``requests`` into blocks of ``block_m`` (token, head) rows.
-
-    A request's rows are numbered ``(token - q_start) * H + head`` (token-major) and a block
-    never spans two requests. Returns host lists ``(request, first row, pages)`` per block,
-    where ``pages`` is the local page L of the block's last row (rows are bottom-right aligned,
-    so it is the block's largest L; 0 when negative).
-    """
-    reqs, row0s, pages = [], [], []
-    for r in requests:
-        q_len = query_start_loc[r + 1] - query_start_loc[r]
-        rows = q_len * num_heads
-        for row0 in range(0, rows, block_m):
-            t_last = (min(row0 + block_m, rows) - 1) // num_heads
-            p_last = seq_lens[r] - q_len + t_last
-            reqs.append(r)
-            row0s.append(row0)
-            pages.append(max(p_last, 0) // 128)
-    return reqs, row0s, pages

@@ -24,7 +24,8 @@ every row is short.
 Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, KEEP]`` (a row's
 candidates contiguous), written completely by every split program, so no initialization is
 needed between runs (CUDA-graph replays). Merge kernels take one row per program
-(``merge_config``).
+(``merge_config``). The host rules ``keep_per_split``, ``choose_window`` and
+``merge_config`` live in ``heuristics``.
 """
 
 from __future__ import annotations
@@ -152,15 +153,6 @@ def merge_window_strided(top, buf, w0, w_end, local_page, WINDOW: tl.constexpr, 
     return topk_merge(top, tl.where(ok, pack_candidate(s, jj + 0 * m[:, None]), EMPTY))
 
 
-def choose_window(pages_per_split: int, rows: int, window: int = 64,
-                  min_pages: int = 32) -> int:
-    """Top-k window of a scorer: 1 (a direct insert per page) below ``min_pages`` pages per
-    split, else ``window`` capped by the split's pages and by ``window * rows <= 4096``."""
-    if pages_per_split < min_pages:
-        return 1
-    return min(window, triton.next_power_of_2(pages_per_split), 4096 // rows)
-
-
 @triton.jit
 def write_selection(keys, local_page, out_row_ptr, row_mask):
     """Select and store the SPEC 5 output of ``R`` query rows.
@@ -206,23 +198,3 @@ def store_candidates(scratch_ptr, rows, top, split, NUM_SPLITS: tl.constexpr):
     KEEP: tl.constexpr = top.shape[1]
     c = tl.arange(0, KEEP)[None, :]
     tl.store(scratch_ptr + rows[:, None] * (NUM_SPLITS * KEEP) + split * KEEP + c, top)
-
-
-def merge_config(num_splits: int, keep: int = 16) -> tuple[int, int]:
-    """``(rows, num_warps)`` of a merge program: one row per program, its
-    ``keep * next_pow2(num_splits)`` candidates on 1 warp (<= 512), 2 (<= 1024) or 4 (more;
-    at most 32 per thread at the largest decode split count).
-
-    One row per program keeps each of the 15 selection rounds to in-thread compares and a few
-    shuffles. Several rows per program were measured on an H200 to cost 40 us for a 32 x 32
-    tile (each round reduced every row across lanes: 2400 shuffles), against 3 us here.
-    """
-    cols = keep * triton.next_power_of_2(num_splits)
-    return 1, (1 if cols <= 512 else 2 if cols <= 1024 else 4)
-
-
-def keep_per_split(num_splits: int, width: int) -> int:
-    """Candidates a split keeps per row: min(16, next power of two >= its page count), where a
-    split scores at most ceil((width - 1) / num_splits) pages (static shapes only)."""
-    per = triton.cdiv(max(width - 1, 1), num_splits)
-    return min(16, triton.next_power_of_2(per))

@@ -4,18 +4,19 @@ Usage (one GPU)::
 
     ncu --clock-control none --set full -k regex:_decode_score_kernel \\
         --launch-skip 2 --launch-count 1 -o decode \\
-        python -m benchmarks.profile_case decode 128 100000
-    python -m benchmarks.profile_case decode 1 32000 window=1 maxnreg=128  # DecodeRunner knobs
-    python -m benchmarks.profile_case prefill 16384 32768 1   # new tokens, context, requests
-    python -m benchmarks.profile_case gather 16384 131072 4 page_parts=4 streaming=false
-    python -m benchmarks.profile_case prefill 16384 32768 1 tokens_on_n=false
+        python -m benchmarks.labs.profile_case decode 128 100000
+    python -m benchmarks.labs.profile_case decode 1 32000 window=1 maxnreg=128  # config
+    python -m benchmarks.labs.profile_case prefill 16384 32768 1   # new tokens, context, requests
+    python -m benchmarks.labs.profile_case gather 16384 131072 4 page_parts=4 streaming=false
+    python -m benchmarks.labs.profile_case prefill 16384 32768 1 tokens_on_n=false
 
 - ``decode BATCH NOMINAL``: Q = 8, H = 4 requests of the WORKLOADS.md lengths, run through
-  ``DecodeRunner.run`` (``key=value``: ``DecodeRunner`` keywords).
+  ``DecodeRunner.run`` (``key=value``: ``DecodeConfig`` fields).
 - ``prefill NEW CONTEXT REQUESTS``: ``triton.prefill.prefill_indexer`` with the API's default
-  gather budget (``key=value``: its tuning keywords, e.g. ``block_m=64``).
+  gather budget (``key=value``: ``PrefillConfig`` fields, ``gather_X`` for its gather's, e.g.
+  ``block_m=64``).
 - ``gather NEW CONTEXT REQUESTS``: ``triton.gather.gather_into`` of the prefill case's
-  history pages (``key=value``: its tuning keywords, e.g. ``streaming=1``).
+  history pages (``key=value``: ``GatherConfig`` fields, e.g. ``streaming=true``).
 
 Each runs ``--calls`` times (default 3; the profiler picks the launch) on a page pool of
 random NVFP4 keys just large enough for the case, prints what it ran, and exits with status 2
@@ -26,6 +27,7 @@ without a CUDA GPU (bad arguments: a usage error, status 2). ``key=value`` value
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -38,6 +40,23 @@ def knob_value(text: str):
     if low in ("true", "false"):
         return low == "true"
     return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+
+
+def config_of(kind: str, knobs: dict):
+    """The tuning config of launcher ``kind`` ("decode", "prefill", "gather", "insert") with
+    ``knobs`` applied by ``dataclasses.replace`` on its defaults; prefill keys ``gather_X``
+    set field X of its nested ``GatherConfig``. Raises ``ValueError`` / ``TypeError`` for an
+    unknown key or a bad value (the config's own checks)."""
+    from nvfp4_indexer.triton import DecodeConfig, GatherConfig, InsertConfig, PrefillConfig
+    default = {"decode": DecodeConfig, "prefill": PrefillConfig, "gather": GatherConfig,
+               "insert": InsertConfig}[kind]()
+    knobs = dict(knobs)
+    if kind == "prefill":
+        gather = {k[len("gather_"):]: knobs.pop(k) for k in list(knobs)
+                  if k.startswith("gather_")}
+        if gather:
+            knobs["gather"] = dataclasses.replace(default.gather, **gather)
+    return dataclasses.replace(default, **knobs)
 
 
 def _knobs(items: list[str]) -> dict:
@@ -70,7 +89,7 @@ def run_decode(batch: int, nominal: int, kw: dict, calls: int) -> str:
     seq = torch.tensor(sl, dtype=torch.int32, device=dev)
     q = random_index_q(batch * q_len, heads, dev, torch.Generator(device=dev).manual_seed(5))
     out = torch.empty((batch * q_len, heads, 16), dtype=torch.int32, device=dev)
-    runner = DecodeRunner(heads, batch, width, q_len, dev, **kw)
+    runner = DecodeRunner(heads, batch, width, q_len, dev, config=config_of("decode", kw))
     for _ in range(calls):
         runner.run(q, pool.cache, bt, seq, out)
     torch.cuda.synchronize()
@@ -98,8 +117,9 @@ def run_prefill(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
                        torch.Generator(device=dev).manual_seed(5))
     out = torch.empty((case.new_tokens, case.num_heads, 16), dtype=torch.int32, device=dev)
     mgp = ni.max_gather_pages(width * 128, case.new_tokens)
+    cfg = config_of("prefill", kw)
     for _ in range(calls):
-        tp.prefill_indexer(q, pool.cache, bt, cu, seq, mgp, out, **kw)
+        tp.prefill_indexer(q, pool.cache, bt, cu, seq, mgp, out, config=cfg)
     torch.cuda.synchronize()
     return f"prefill {case.name}: width {width}, max_gather_pages {mgp}, seq_lens {sl[:4]}"
 
@@ -111,8 +131,9 @@ def run_gather(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
     pages = [wl.history_pages(s) for s in sl]
     offsets = torch.tensor([0] + pages, device=dev).cumsum(0).to(torch.int32)
     ws = torch.empty((max(sum(pages), 1), 128, 128), dtype=torch.float8_e4m3fn, device=dev)
+    cfg = config_of("gather", kw)
     for _ in range(calls):
-        tg.gather_into(pool.cache, bt, seq, offsets, ws, max(pages), **kw)
+        tg.gather_into(pool.cache, bt, seq, offsets, ws, max(pages), config=cfg)
     torch.cuda.synchronize()
     return (f"gather {case.name}: {sum(pages)} pages, "
             f"{wl.gather_traffic(case).bytes_moved / 1e6:.1f} MB moved")

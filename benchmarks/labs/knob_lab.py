@@ -2,8 +2,8 @@
 
 Run (one H200, a few minutes)::
 
-    python -m benchmarks.knob_lab                   # every part
-    python -m benchmarks.knob_lab --part prefill    # or gather / insert
+    python -m benchmarks.labs.knob_lab                   # every part
+    python -m benchmarks.labs.knob_lab --part prefill    # or gather / insert
 
 Each part times variants of one Triton launcher against its current default on WORKLOADS.md
 cases, with the protocol of ``python -m benchmarks`` (``benchmarks.timing``: cold-cache page
@@ -33,7 +33,7 @@ import traceback
 
 import torch
 
-from .profile_case import knob_value
+from .profile_case import config_of, knob_value
 
 START = time.monotonic()
 
@@ -112,9 +112,9 @@ def _attempt(ctx, label: str, fn) -> bool:
 
 
 def make_context(budget_s: float = 3600.0):
-    """A ``benchmarks.suites.Context`` on the current GPU with both ceilings measured."""
-    from . import suites
-    from .timing import (
+    """A ``benchmarks.context.Context`` on the current GPU with both ceilings measured."""
+    from ..context import Context
+    from ..timing import (
         GRAPH_CALLS,
         REPLAYS,
         WARMUP,
@@ -125,7 +125,7 @@ def make_context(budget_s: float = 3600.0):
     )
     dev = torch.device("cuda", torch.cuda.current_device())
     l2 = l2_bytes(dev)
-    ctx = suites.Context(device=dev, smoke=False, fast_backend="triton", l2_bytes=l2,
+    ctx = Context(device=dev, smoke=False, fast_backend="triton", l2_bytes=l2,
                          graph_calls=GRAPH_CALLS, warmup=WARMUP, replays=REPLAYS,
                          deadline=time.monotonic() + budget_s, reference=False, log=log)
     ctx.copy_gbps = copy_ceiling(dev)["gbps"]
@@ -137,7 +137,7 @@ def make_context(budget_s: float = 3600.0):
 
 
 def ensure_pool(ctx, pages: int) -> None:
-    from .pool import PagePool
+    from ..pool import PagePool
     if ctx.pool is None or ctx.pool.cache.shape[0] < pages:
         ctx.pool = None
         torch.cuda.empty_cache()
@@ -148,7 +148,7 @@ def ensure_pool(ctx, pages: int) -> None:
 # ------------------------------------------------------------------------------- prefill
 
 def prefill_part(ctx, variants: dict, cases=None) -> None:
-    from . import workloads as wl
+    from .. import workloads as wl
     for n, c, r in cases or PREFILL_CASES:
         if not _prefill_case(ctx, wl.PrefillCase(n, c, r), variants):
             return
@@ -159,9 +159,9 @@ def _prefill_case(ctx, case, variants: dict) -> bool:
     from nvfp4_indexer.constants import TOPK
     from nvfp4_indexer.triton import prefill as tp
 
-    from . import workloads as wl
-    from .pool import random_index_q
-    from .suites import _prefill_inputs
+    from .. import workloads as wl
+    from ..pool import random_index_q
+    from ..prefill_suite import _prefill_inputs
     tr = wl.prefill_traffic(case)
     _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
     q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
@@ -169,14 +169,15 @@ def _prefill_case(ctx, case, variants: dict) -> bool:
     base = {}
 
     def run(name, kw):
+        cfg = config_of("prefill", kw)
         out = torch.full((case.new_tokens, case.num_heads, TOPK), -7, dtype=torch.int32,
                          device=ctx.device)
-        tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out, **kw)
+        tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out, config=cfg)
         torch.cuda.synchronize()
         base.setdefault("out", out.clone())
         same = float((out == base["out"]).all(-1).float().mean())
         t = ctx.time_uncapturable([functools.partial(
-            tp.prefill_indexer, q, ctx.pool.cache, bt, cu, seq, mgp, out, **kw)
+            tp.prefill_indexer, q, ctx.pool.cache, bt, cu, seq, mgp, out, config=cfg)
             for bt in tables])
         tflops = tr.flops / (t.us * 1e-6) / 1e12
         _record("prefill", case.name, name, t.us, tflops, "TFLOP/s", f"{same:.4f}",
@@ -189,7 +190,7 @@ def _prefill_case(ctx, case, variants: dict) -> bool:
 # -------------------------------------------------------------------------------- gather
 
 def gather_part(ctx, variants: dict) -> None:
-    from . import workloads as wl
+    from .. import workloads as wl
     for n, c, r in GATHER_CASES:
         if not _gather_case(ctx, wl.PrefillCase(n, c, r), variants):
             return
@@ -199,8 +200,9 @@ def _gather_case(ctx, case, variants: dict) -> bool:
     from nvfp4_indexer.reference.paging import history_pages
     from nvfp4_indexer.triton import gather as tg
 
-    from . import workloads as wl
-    from .suites import _prefill_inputs, gather_slots
+    from .. import workloads as wl
+    from ..gather_suite import gather_slots
+    from ..prefill_suite import _prefill_inputs
     tr = wl.gather_traffic(case)
     slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
     sl, _width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
@@ -213,15 +215,16 @@ def _gather_case(ctx, case, variants: dict) -> bool:
     base = {}
 
     def run(name, kw):
+        cfg = config_of("gather", kw)
         ws0 = wss[0]
         ws0.fill_(0x5A)
-        tg.gather_into(ctx.pool.cache, tables[0], seq, offsets, ws0, max_pages, **kw)
+        tg.gather_into(ctx.pool.cache, tables[0], seq, offsets, ws0, max_pages, config=cfg)
         torch.cuda.synchronize()
         base.setdefault("ws", ws0.clone())
         same = bool(torch.equal(ws0, base["ws"]))
         t = ctx.time_capturable([functools.partial(
             tg.gather_into, ctx.pool.cache, tables[i], seq, offsets, wss[i],
-            max_pages, **kw) for i in range(slots)])
+            max_pages, config=cfg) for i in range(slots)])
         gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
         _record("gather", case.name, name, t.us, gbps, "GB/s", same,
                 f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
@@ -235,9 +238,9 @@ def _gather_case(ctx, case, variants: dict) -> bool:
 def insert_part(ctx, variants: dict) -> None:
     from nvfp4_indexer.triton import insert as ti
 
-    from . import workloads as wl
-    from .suites import insert_inputs
-    from .timing import rotation_slots
+    from .. import workloads as wl
+    from ..insert_suite import insert_inputs
+    from ..timing import rotation_slots
     case = wl.InsertCase()
     tr = wl.insert_traffic(case)
     slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
@@ -246,13 +249,16 @@ def insert_part(ctx, variants: dict) -> None:
     start = pool.cache.clone()
 
     def run(name, kw):
+        cfg = config_of("insert", kw)
         pool.cache.copy_(start)
-        ti.insert_index_k(pool.cache, *inputs[0], weight, cos_sin, case.rotary_dim, 1e-6, **kw)
+        ti.insert_index_k(pool.cache, *inputs[0], weight, cos_sin, case.rotary_dim, 1e-6,
+                          config=cfg)
         torch.cuda.synchronize()
         base.setdefault("cache", pool.cache.clone())
         same = bool(torch.equal(pool.cache, base["cache"]))
         t = ctx.time_capturable([functools.partial(
-            ti.insert_index_k, pool.cache, *x, weight, cos_sin, case.rotary_dim, 1e-6, **kw)
+            ti.insert_index_k, pool.cache, *x, weight, cos_sin, case.rotary_dim, 1e-6,
+            config=cfg)
             for x in inputs])
         gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
         _record("insert", case.name, name, t.us, gbps, "GB/s", same,
@@ -277,10 +283,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("knob_lab: needs a CUDA GPU")
         return 2
-    from .timing import environment
+    from ..timing import environment
     env = environment(torch.device("cuda"))
     log(f"{env.get('gpu')} driver {env.get('driver')} torch {env.get('torch')} "
-        f"triton {env.get('triton')} commit {env.get('commit')}")
+        f"triton {env.get('triton')} commit {env.get('git_commit')}")
     ctx = make_context()
     parts = ("insert", "gather", "prefill") if args.part == "all" else (args.part,)
     if "gather" in parts or "prefill" in parts:

@@ -2,8 +2,8 @@
 
 Run (one H200, about 2-4 minutes)::
 
-    python -m benchmarks.dequant_lab            # everything
-    python -m benchmarks.dequant_lab --quick    # fewer variants, two cases
+    python -m benchmarks.labs.dequant_lab            # everything
+    python -m benchmarks.labs.dequant_lab --quick    # fewer variants, two cases
 
 Steps (progress is printed and flushed as it goes; a compact table comes last):
 
@@ -40,8 +40,10 @@ def log(msg: str) -> None:
     print(f"[{time.monotonic() - START:6.1f}s] {msg}", flush=True)
 
 
-# Variants: name -> DecodeRunner tuning kwargs. "base" is the current default path
-# (docs/benchmarks.md records what each knob did on an H200).
+# Variants: name -> DecodeConfig fields (``profile_case.config_of``: dataclasses.replace on
+# the default config). "base" is the current default path; a variant whose launch equals an
+# earlier one's on a case (the defaults pick the same dequant / splits / window there) is
+# reported as such and not timed again (docs/benchmarks.md records what each knob did).
 VARIANTS = {
     "base": {},
     "ptx": {"dequant": "ptx"},
@@ -200,6 +202,8 @@ def check_decode(dev, variants, lens=ADVERSARIAL_LENS) -> list[tuple[str, str]]:
     from conformance.checks import tie_aware_check
     from nvfp4_indexer import reference as ref
     from nvfp4_indexer.triton.decode import DecodeRunner
+
+    from .profile_case import config_of
     q, cache, bt, seq = adversarial_batch(dev, lens=lens)
     b = bt.shape[0]
     qsl = torch.arange(0, b * Q_LEN + 1, Q_LEN, dtype=torch.int32, device=dev)
@@ -211,7 +215,8 @@ def check_decode(dev, variants, lens=ADVERSARIAL_LENS) -> list[tuple[str, str]]:
     for name, kw in variants.items():
         try:
             out = torch.full((b * Q_LEN, HEADS, 16), -7, dtype=torch.int32, device=dev)
-            DecodeRunner(HEADS, b, bt.shape[1], Q_LEN, dev, **kw).run(q, cache, bt, seq, out)
+            DecodeRunner(HEADS, b, bt.shape[1], Q_LEN, dev,
+                         config=config_of("decode", kw)).run(q, cache, bt, seq, out)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             res = tie_aware_check(out, exact, mag, local, 15)
@@ -236,6 +241,8 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
     from benchmarks.pool import PagePool, random_index_q
     from benchmarks.timing import l2_bytes, rotation_slots, time_graph
     from nvfp4_indexer.triton.decode import DecodeRunner
+
+    from .profile_case import config_of
     l2 = l2_bytes(dev)
     plans, total = [], 0
     for b, nominal in cases:
@@ -257,6 +264,7 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
         seq = torch.tensor(sl, dtype=torch.int32, device=dev)
         q = random_index_q(b * Q_LEN, HEADS, dev, torch.Generator(device=dev).manual_seed(b))
         base_out = None
+        launches = {}  # effective launch -> the first variant timed with it
         for name, kw in variants.items():
             rec = {"case": case, "variant": name, "slots": slots,
                    "reuse_over_l2": (slots - 1) * tr.pages_bytes / l2 if l2 else None}
@@ -265,8 +273,17 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
                 recs.append(rec)
                 continue
             try:
-                runner = DecodeRunner(HEADS, b, width, Q_LEN, dev, **kw)
+                runner = DecodeRunner(HEADS, b, width, Q_LEN, dev,
+                                      config=config_of("decode", kw))
                 rec["splits"] = runner.num_splits
+                launch = (runner.dequant, runner.dot, runner.num_splits, runner.window,
+                          runner.num_warps, runner.num_stages, runner.maxnreg, runner.pdl)
+                if launch in launches:
+                    rec["error"] = f"same launch as {launches[launch]}: not timed again"
+                    recs.append(rec)
+                    log(f"{case} {name}: {rec['error']}")
+                    continue
+                launches[launch] = name
                 out = torch.full((b * Q_LEN, HEADS, 16), -7, dtype=torch.int32, device=dev)
                 runner.run(q, pool.cache, tables[0], seq, out)
                 torch.cuda.synchronize(dev)

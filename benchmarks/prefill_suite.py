@@ -1,0 +1,66 @@
+"""Prefill suite: ``nvfp4_indexer.triton.prefill.prefill_indexer`` timed eagerly with an L2
+flush before each call, and the public API call (``api_us``) (``suites`` runs it)."""
+
+from __future__ import annotations
+
+import torch
+
+import nvfp4_indexer as ni
+from nvfp4_indexer.constants import PAGE_SIZE, TOPK
+
+from . import workloads as wl
+from .context import POISON, Context, _finish, _ref_time, _traffic_fields
+from .pool import random_index_q
+from .timing import sync
+
+def _prefill_inputs(ctx: Context, case: wl.PrefillCase, slots: int):
+    dev = ctx.device
+    sl = case.seq_lens()
+    width = max(wl.pages_needed(s) for s in sl)
+    tables = ctx.pool.block_tables(sl, slots, width)
+    seq = torch.tensor(sl, dtype=torch.int32, device=dev)
+    cu = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32, device=dev)
+    return sl, width, tables, seq, cu
+
+
+def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
+    dev, cache = ctx.device, ctx.pool.cache
+    tr = wl.prefill_traffic(case)
+    slots = 2  # eager timing flushes L2 before every call; two slots alternate page sets
+    sl, width, tables, seq, cu = _prefill_inputs(ctx, case, slots)
+    h, t_rows = case.num_heads, case.new_tokens
+    q = random_index_q(t_rows, h, dev, ctx.gen(case.name))
+    out = torch.full((t_rows, h, TOPK), POISON, dtype=torch.int32, device=dev)
+    mgp = ni.max_gather_pages(width * PAGE_SIZE, t_rows)  # the API's default budget
+    rec = {"new_tokens": case.new_tokens, "context": case.context, "num_reqs": case.num_reqs,
+           "num_heads": h, "q_len": case.q_len, "seq_len": sl[0], "width": width,
+           "max_gather_pages": mgp, **_traffic_fields(tr), "slots": slots}
+    if ctx.fast_backend == "triton":
+        from nvfp4_indexer.triton import prefill as tp
+        rec["path"] = "nvfp4_indexer.triton.prefill.prefill_indexer"
+
+        def fast(bt):
+            tp.prefill_indexer(q, cache, bt, cu, seq, mgp, out)
+    else:
+        rec["path"] = "prefill_indexer(backend='reference')"
+
+        def fast(bt):
+            ni.prefill_indexer(q, cache, bt, cu, seq, max_gather_pages=mgp, out=out,
+                               backend="reference")
+    fast(tables[0])
+    sync(dev)
+    rec["out_fully_written"] = bool((out != POISON).all())
+    out0 = out.clone()
+    why = ctx.ref_allowed(tr.pages_bytes, tr.flops)
+    if why is None:
+        ref = _ref_time(ctx, rec, lambda: ni.prefill_indexer(
+            q, cache, tables[0], cu, seq, max_gather_pages=mgp, backend="reference"), tr.flops)
+        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
+    else:
+        rec["ref_skipped"] = why
+    t = ctx.time_uncapturable([lambda bt=bt: fast(bt) for bt in tables])
+    api = ctx.time_uncapturable([lambda bt=bt: ni.prefill_indexer(
+        q, cache, bt, cu, seq, max_gather_pages=mgp, out=out, backend=ctx.fast_backend)
+        for bt in tables], max_samples=5)
+    rec["api_us"] = api.us
+    return _finish(ctx, rec, t, tr.bytes_moved, tr.flops)

@@ -1,0 +1,305 @@
+"""Host rules that pick the Triton launches' shapes (pure functions of static shapes and the
+device; never of device values, so CUDA-graph replays stay valid).
+
+One home for: the SM count, the split count of decode / context-parallel / prefill score
+kernels (one rule), the top-k window, the candidates a split keeps, the merge program shape,
+BLOCK_M, scratch sizes, the prefill chunk launch, prefill row blocks and the default dequant
+mode. Why the defaults are what they are (measurements): docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..constants import PAGE_SIZE, TOPK
+from ..reference.paging import history_page_count
+
+# -- decode (and context parallelism) --------------------------------------------------------
+PROGRAMS_PER_SM = 16  # split target: about this many score programs per SM
+MIN_PAGES_PER_SPLIT = 4  # at full block-table width, at least this many pages per split
+MAX_SPLITS = 256
+MAX_ROWS = 64  # Q * H rows a decode score program holds (BLOCK_M)
+WINDOW = 64  # pages whose scores are buffered before one top-k merge
+MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
+MAX_WINDOW_ELEMS = 4096  # window * BLOCK_M bound of the window scratch
+WGMMA_MIN_PAGES = 24576  # B * (W - 1) below this: the one-launch kernel (dequant "ptx")
+WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
+MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM
+DEFAULT_NUM_SMS = 132  # off CUDA (interpreter), and for sizes computed without a GPU
+SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
+
+# -- prefill ---------------------------------------------------------------------------------
+PREFILL_MAX_BLOCK_M = 128  # (token, head) rows per prefill score program
+SCORES_MAX_BLOCK_M = 64  # (token, head) rows per page_scores program
+PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
+TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
+
+# -- gather ----------------------------------------------------------------------------------
+GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
+GATHER_NUM_WARPS = 1
+GATHER_PAGE_PARTS = 8  # programs per page (1 under the interpreter)
+GATHER_STREAMING = True  # evict-first page loads, streaming (.cs) workspace stores
+
+# -- insert ----------------------------------------------------------------------------------
+INSERT_BLOCK_T = 4  # tokens per program on a GPU
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (plain Python: ``triton.cdiv``'s wrapper costs host time)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def num_sms(device=None) -> int:
+    """SMs of ``device`` (default: the current CUDA device); ``DEFAULT_NUM_SMS`` off CUDA."""
+    if device is not None and torch.device(device).type != "cuda":
+        return DEFAULT_NUM_SMS
+    if not torch.cuda.is_available():
+        return DEFAULT_NUM_SMS
+    idx = torch.device(device).index if device is not None else None
+    if idx is None:
+        idx = torch.cuda.current_device()
+    return torch.cuda.get_device_properties(idx).multi_processor_count
+
+
+def block_rows(query_len: int, num_heads: int) -> int:
+    """Decode BLOCK_M: the request's Q*H query rows padded to a power of two >= 16."""
+    return max(16, next_pow2(query_len * num_heads))
+
+
+def prefill_block_m(longest_q_len: int, num_heads: int, cap: int = PREFILL_MAX_BLOCK_M) -> int:
+    """BLOCK_M of a row-block scorer (prefill; ``page_scores`` with ``SCORES_MAX_BLOCK_M``):
+    the longest request's (token, head) rows as a power of two in 16..``cap``."""
+    return min(cap, max(16, next_pow2(longest_q_len * num_heads)))
+
+
+def _split_rule(programs: int, target: int, cap: int) -> int:
+    """The shared split rule: about ``target`` score programs over ``programs`` programs per
+    split, at most ``cap`` (pages) and ``MAX_SPLITS``, at least 1."""
+    return max(min(cdiv(target, max(programs, 1)), cap, MAX_SPLITS), 1)
+
+
+def decode_splits(num_reqs: int, max_pages: int, num_sms: int,
+                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """NUM_SPLITS of ``num_reqs`` requests of at most ``max_pages`` pages to score each:
+    about ``programs_per_sm`` score programs per SM, 1-page splits while the grid stays
+    within 4 programs per SM (small batches are latency-bound: short serial chains), 2-page
+    splits up to two waves (8 per SM), at least ``MIN_PAGES_PER_SPLIT`` pages beyond."""
+    b = max(num_reqs, 1)
+    ns = _split_rule(b, programs_per_sm * num_sms, max_pages)
+    if b * ns > 4 * num_sms:
+        ns = min(ns, cdiv(max_pages, 2))
+    if b * ns > 8 * num_sms:
+        ns = min(ns, cdiv(max_pages, MIN_PAGES_PER_SPLIT))
+    return max(ns, 1)
+
+
+def choose_num_splits(num_reqs: int, width: int, num_sms: int,
+                      programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """Decode NUM_SPLITS for block tables ``width`` wide (``decode_splits`` over the
+    W - 1 pages a request can score). 1 when ``width - 1 <= 15``: every row is short (SPEC 5),
+    nothing is scored and the score kernel writes the output itself (no merge launch)."""
+    max_pages = max(width - 1, 1)  # history pages <= (W*128 - 1) // 128
+    if max_pages <= SHORT_MAX_LOCAL:
+        return 1
+    return decode_splits(num_reqs, max_pages, num_sms, programs_per_sm)
+
+
+def subset_pages(width: int, world: int) -> int:
+    """History pages a context-parallel rank scores at most per request:
+    ceil((width - 1) / world)."""
+    return cdiv(max(width - 1, 1), world)
+
+
+def cp_num_splits(num_reqs: int, width: int, world: int, num_sms: int,
+                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """NUM_SPLITS of a context-parallel rank's score kernel: ``decode_splits`` over the rank's
+    ``subset_pages``; 1 when ``width - 1 <= 15`` (every row short, SPEC 5)."""
+    if width - 1 <= SHORT_MAX_LOCAL:
+        return 1
+    return decode_splits(num_reqs, subset_pages(width, world), num_sms, programs_per_sm)
+
+
+def prefill_num_splits(num_blocks: int, max_pages: int, num_sms: int) -> int:
+    """NUM_SPLITS of a prefill chunk of ``num_blocks`` row blocks whose longest scores
+    ``max_pages`` pages: the shared rule with ``PREFILL_PROGRAMS_PER_SM`` and at least
+    ``MIN_PAGES_PER_SPLIT`` pages per split."""
+    return _split_rule(num_blocks, PREFILL_PROGRAMS_PER_SM * num_sms,
+                       cdiv(max(max_pages, 1), MIN_PAGES_PER_SPLIT))
+
+
+def keep_for_pages(pages_per_split: int) -> int:
+    """Candidates a split keeps per row: min(16, next power of two >= its page count)."""
+    return min(TOPK, next_pow2(pages_per_split))
+
+
+def keep_per_split(num_splits: int, width: int) -> int:
+    """``keep_for_pages`` of a decode split, which scores at most
+    ceil((width - 1) / num_splits) pages (static shapes only)."""
+    return keep_for_pages(cdiv(max(width - 1, 1), num_splits))
+
+
+def choose_window(pages_per_split: int, rows: int, window: int = WINDOW,
+                  min_pages: int = MIN_WINDOW_PAGES) -> int:
+    """Top-k window of a scorer: 1 (a direct insert per page) below ``min_pages`` pages per
+    split, else ``window`` capped by the split's pages and by ``window * rows <= 4096``."""
+    if pages_per_split < min_pages:
+        return 1
+    return min(window, next_pow2(pages_per_split), MAX_WINDOW_ELEMS // rows)
+
+
+def decode_window(num_splits: int, width: int, block_m: int) -> int:
+    """Default decode window: ``choose_window`` of a split's ceil((W - 1) / NUM_SPLITS)
+    pages."""
+    return choose_window(cdiv(max(width - 1, 1), num_splits), block_m)
+
+
+def merge_config(num_splits: int, keep: int = TOPK) -> tuple[int, int]:
+    """``(rows, num_warps)`` of a merge program: one row per program (each of the 15
+    selection rounds stays in-thread compares and a few shuffles), its
+    ``keep * next_pow2(num_splits)`` candidates on 1 warp (<= 512), 2 (<= 1024) or 4 (more;
+    at most 32 per thread at the largest decode split count)."""
+    cols = keep * next_pow2(num_splits)
+    return 1, (1 if cols <= 512 else 2 if cols <= 1024 else 4)
+
+
+def candidate_elems(num_reqs: int, num_splits: int, rows: int, keep: int) -> int:
+    """int64 candidate scratch elements: [B, BLOCK_M, NUM_SPLITS, KEEP], none when unsplit."""
+    return 0 if num_splits == 1 else num_reqs * rows * num_splits * keep
+
+
+def window_elems(num_reqs: int, num_splits: int, rows: int, window: int) -> int:
+    """fp32 window-buffer elements: [B * NUM_SPLITS, 2, WINDOW, BLOCK_M] (none for WINDOW 1)."""
+    return 0 if window == 1 else num_reqs * num_splits * 2 * window * rows
+
+
+def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int, *,
+                   num_splits: int | None = None, window: int | None = None,
+                   cap: int | None = None) -> dict:
+    """Splits / keep / window of one prefill chunk's score launch and its scratch.
+
+    Args:
+        num_blocks: row blocks of the chunk. score_pages: pages its longest block scores (0
+        when every row is short). block_m: BLOCK_M. num_sms: the GPU's SMs.
+        num_splits / window: overrides (``PrefillConfig``). cap: float32 elements the scratch
+        may take; fewer splits (then window 1) until it fits (engine's shared buffer).
+    Returns:
+        dict ``ns, keep, win, block_m, cand`` (int64 candidate elements, 0 unsplit),
+        ``win_elems`` (fp32 window elements, 0 for window 1), ``scratch`` (float32 elements:
+        ``2 * cand + win_elems``).
+    """
+    if score_pages == 0:
+        ns = 1
+    else:
+        ns = num_splits or prefill_num_splits(num_blocks, score_pages, num_sms)
+    force_win1 = False
+    while True:
+        per = cdiv(max(score_pages, 1), ns)  # pages of the longest split
+        keep = keep_for_pages(per)
+        win = 1 if force_win1 else window if window is not None else choose_window(per, block_m)
+        cand = candidate_elems(num_blocks, ns, block_m, keep)
+        win_elems = window_elems(num_blocks, ns, block_m, win)
+        need = 2 * cand + win_elems
+        if cap is None or need <= cap:
+            break
+        if ns > 1:
+            ns = max(1, ns // 2)
+        else:
+            force_win1 = True
+    return {"ns": ns, "keep": keep, "win": win, "block_m": block_m, "cand": cand,
+            "win_elems": win_elems, "scratch": need}
+
+
+def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: int,
+                    block_m: int, requests) -> tuple[list[int], list[int], list[int]]:
+    """Split the query rows of ``requests`` into blocks of ``block_m`` (token, head) rows.
+
+    A request's rows are numbered ``(token - q_start) * H + head`` (token-major) and a block
+    never spans two requests. Returns host lists ``(request, first row, pages)`` per block,
+    where ``pages`` is the local page L of the block's last row (rows are bottom-right aligned,
+    so it is the block's largest L; 0 when negative).
+    """
+    reqs, row0s, pages = [], [], []
+    for r in requests:
+        q_len = query_start_loc[r + 1] - query_start_loc[r]
+        rows = q_len * num_heads
+        for row0 in range(0, rows, block_m):
+            t_last = (min(row0 + block_m, rows) - 1) // num_heads
+            p_last = seq_lens[r] - q_len + t_last
+            reqs.append(r)
+            row0s.append(row0)
+            pages.append(max(p_last, 0) // PAGE_SIZE)
+    return reqs, row0s, pages
+
+
+def gather_pages_needed(seq_lens: list[int]) -> list[int]:
+    """Pages each prefill request needs gathered: its last query's history pages
+    (seq_len - 1) // 128, or 0 when all its rows are short (L <= 15, SPEC 5)."""
+    hist = [history_page_count(s) for s in seq_lens]
+    return [n if n > SHORT_MAX_LOCAL else 0 for n in hist]
+
+
+# -- device-dependent defaults ---------------------------------------------------------------
+
+def default_dequant(device: torch.device, dot: str) -> str:
+    """The one-launch decode score kernel's dequant mode (also the context-parallel runner's):
+    "ptx" where its conversions exist (CUDA SM89+) and the dot is fp16, else "triton"."""
+    from .numerics import portable_default
+    if dot != "fp16" or portable_default(device) or device.type != "cuda":
+        return "triton"
+    return "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "triton"
+
+
+def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
+                   min_pages: int | None = None) -> str:
+    """The decode runner's default dequant mode for a static shape: "wgmma" on SM90 GPUs with
+    dot fp16 (``decode_wgmma``) for batches of at least ``min_pages`` (default
+    ``WGMMA_MIN_PAGES``) pages, B * (W - 1), with rows to score; else ``default_dequant``
+    (the one-launch kernel: its fused top-k saves the select launch)."""
+    from .decode_wgmma import wgmma_available
+    min_pages = WGMMA_MIN_PAGES if min_pages is None else min_pages
+    if dot == "fp16" and wgmma_available(device) \
+            and num_reqs * (width - 1) >= min_pages and width - 1 > SHORT_MAX_LOCAL:
+        return "wgmma"
+    return default_dequant(device, dot)
+
+
+def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_parts,
+                    streaming):
+    """The gather launch's ``(DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM)`` on
+    ``device`` from a ``GatherConfig``'s fields (None = default). The interpreter runs whole
+    pages in one 128-token step (fewer, vectorized programs); "ptx" needs CUDA SM89+ (the
+    asm's f16x2 <-> e4m3x2 conversions)."""
+    from .numerics import interpreting
+    if dequant is None:
+        dev = torch.device(device)
+        dequant = "triton" if (portable or dev.type != "cuda"
+                               or torch.cuda.get_device_capability(dev) < (8, 9)) else "ptx"
+    if tok_block is None:
+        tok_block = 128 if interpreting() else GATHER_TOK_BLOCK
+    if num_warps is None:
+        num_warps = GATHER_NUM_WARPS
+    if page_parts is None:
+        page_parts = 1 if interpreting() else GATHER_PAGE_PARTS
+    if streaming is None:
+        streaming = GATHER_STREAMING
+    return dequant, min(tok_block, PAGE_SIZE // page_parts), num_warps, page_parts, streaming
+
+
+def insert_launch_shape(rotary_dim: int, n: int, block_t: int | None,
+                        num_warps: int | None) -> tuple[int, int]:
+    """(BLOCK_T, num_warps) of an insert launch of ``n`` tokens. ROT 64 / 128 (the fast
+    path) map two threads to a token; the interpreter takes larger tiles
+    (``quantize.rows_per_program``)."""
+    from .numerics import interpreting
+    from .quantize import rows_per_program
+    fast = rotary_dim in (64, 128)
+    if block_t is None:
+        block_t = rows_per_program(n) if interpreting() else INSERT_BLOCK_T
+    if num_warps is None:  # fast path: 2 * BLOCK_T threads, at least one warp
+        num_warps = min(8, max(1, 2 * block_t // 32)) if fast else 1
+    return block_t, num_warps
