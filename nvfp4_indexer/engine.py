@@ -19,8 +19,8 @@ Memory (allocated in ``Indexer.__init__``; ``Indexer.memory_bytes()``):
 - one block-table buffer ``int32 [max_decode_reqs, ceil(max_model_len / 128)]`` and one
   seq-lens buffer shared by the decode wrappers (wrapper (B, Q) reads rows ``[:B]``: their
   addresses never move, so CUDA graphs captured on them stay valid);
-- two pinned host staging buffers and their device twins (prefill chunk metadata: one
-  non-blocking host-to-device copy per chunk; two alternate so that planning step N+1 never
+- two pinned host staging buffers and their device twins (a step's prefill metadata: one
+  non-blocking host-to-device copy per step; two alternate so that planning step N+1 never
   overwrites host memory a copy of step N may still be reading).
 
 Decode wrappers (``DecodeIndexerWrapper``, one per (padded batch size, Q)) are created on first
@@ -28,9 +28,10 @@ use; creating one compiles its kernels (Triton on a GPU), which syncs once. Afte
 ``plan`` reads host copies only: no device-to-host transfer and no sync.
 
 Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues a
-few small device ops (buffer copies, the prefill staging copies and a clamp of the device seq
-lens by their host copies) on the current stream. An ``IndexerMetadata`` is valid until the
-next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
+few small device ops (one multi-tensor copy of the decode block table and seq lens, one
+prefill staging copy and one clamp of the prefill device seq lens by their host copies) on
+the current stream, and prepares every launch of ``forward``. An ``IndexerMetadata`` is valid
+until the next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "Prefi
 MAX_DECODE_ROWS = 64
 SHORT_MAX_LOCAL = 15  # rows with L <= 15 select by formula (SPEC 5): their pages are not needed
 _NUM_STAGING = 2  # alternating staging slots
+_INT32_MAX = 2 ** 31 - 1
 _MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per gather launch (triton.gather)
 
 
@@ -92,7 +94,8 @@ class IndexerConfig:
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
-        ValueError: a non-positive size, bad batch sizes or device. NotImplementedError:
+        ValueError: a non-positive size or one past int32 (2**31 - 1), bad batch sizes or
+        device. NotImplementedError:
         ``max_decode_query_len`` > 8, ``num_heads * max_decode_query_len`` > 64, or another
         top-k / block setting; the message names the supported values.
     """
@@ -122,7 +125,10 @@ class IndexerConfig:
                 f"{settings}")
         for name in ("num_heads", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                      "max_decode_query_len"):
-            object.__setattr__(self, name, _pos_int(name, getattr(self, name)))
+            val = _pos_int(name, getattr(self, name))
+            if val > _INT32_MAX:  # seq lens, offsets and block counts are int32 (SPEC 8.1)
+                v.fail(name, f"at most {_INT32_MAX} (int32 step metadata)", val)
+            object.__setattr__(self, name, val)
         if self.max_decode_query_len > MAX_QUERY_LEN:
             raise NotImplementedError(
                 f"max_decode_query_len: the NVFP4 indexer scores at most {MAX_QUERY_LEN} decode "
@@ -210,21 +216,22 @@ class StepMetadata:
         ``seq_lens_cpu_upper_bound`` (or ``seq_lens_cpu``), ``block_table_tensor``.
 
         Raises:
-            AttributeError: a field is missing (the message names it).
+            AttributeError: fields are missing (the message names every missing one).
         """
         m = common_attn_metadata
-
-        def get(name):
-            if not hasattr(m, name):
-                raise AttributeError(f"common_attn_metadata: expected a field {name!r} "
-                                     f"(vLLM CommonAttentionMetadata), got {type(m).__name__}")
-            return getattr(m, name)
+        names = ("query_start_loc", "query_start_loc_cpu", "seq_lens", "block_table_tensor")
+        missing = [n for n in names if not hasattr(m, n)]
         seq_cpu = getattr(m, "seq_lens_cpu_upper_bound", None)
         if seq_cpu is None:
-            seq_cpu = get("seq_lens_cpu")
-        return cls(query_start_loc=get("query_start_loc"),
-                   query_start_loc_cpu=get("query_start_loc_cpu"), seq_lens=get("seq_lens"),
-                   seq_lens_cpu=seq_cpu, block_table=get("block_table_tensor"),
+            seq_cpu = getattr(m, "seq_lens_cpu", None)
+            if seq_cpu is None:
+                missing.append("seq_lens_cpu_upper_bound or seq_lens_cpu")
+        if missing:
+            raise AttributeError(f"common_attn_metadata: expected the fields {missing} (vLLM "
+                                 f"CommonAttentionMetadata), got {type(m).__name__} without "
+                                 "them")
+        return cls(query_start_loc=m.query_start_loc, query_start_loc_cpu=m.query_start_loc_cpu,
+                   seq_lens=m.seq_lens, seq_lens_cpu=seq_cpu, block_table=m.block_table_tensor,
                    num_decodes=num_decodes)
 
 
@@ -662,9 +669,15 @@ class Indexer:
                 return None
             pq = qsl[nd:].astype(np.int64)  # int64: no wrap-around in the differences
             ps = sl[nd:].astype(np.int64)
-            ql = pq[1:] - pq[:-1]
-            if _min_max(ql)[0] < 1 or _min_max(ps - ql)[0] < 0 or _min_max(ps)[1] > limit:
-                return None
+            if r - nd == 1:  # one prefill request: scalars
+                s, ql = int(ps[0]), int(pq[1]) - int(pq[0])
+                if not 1 <= ql <= s <= limit:
+                    return None
+            else:
+                ql = pq[1:] - pq[:-1]
+                if _min_max(ql)[0] < 1 or _min_max(ps - ql)[0] < 0 or \
+                        _min_max(ps)[1] > limit:
+                    return None
             return nd, q, qsl, sl, pq, ps
         return nd, q, qsl, sl, None, None
 
@@ -950,6 +963,11 @@ class Indexer:
     def _check_forward(self, index_q, cache, metadata, out) -> None:
         """forward's checks (SPEC 10): a few plain comparisons accept well-formed inputs;
         anything else goes through the full checks, which name the error."""
+        if not self._forward_inputs_plain(index_q, cache, metadata, out):
+            self._check_forward_full(index_q, cache, metadata, out)
+
+    def _forward_inputs_plain(self, index_q, cache, metadata, out) -> bool:
+        """True when ``_check_forward_full`` plainly passes (every condition implies it)."""
         if type(metadata) is IndexerMetadata and metadata.generation == self._generation \
                 and self._fast_device and type(index_q) is torch.Tensor \
                 and type(cache) is torch.Tensor and type(out) is torch.Tensor \
@@ -963,8 +981,8 @@ class Indexer:
                     and os_[1] == h and os_[2] == TOPK and out.is_contiguous()
                     and len(cs) == 3 and cs[0] >= 1 and cs[1] == PAGE_SIZE and cs[2] == 72
                     and cst[1] == 72 and cst[2] == 1 and cst[0] >= 9216 and cst[0] % 16 == 0):
-                return
-        self._check_forward_full(index_q, cache, metadata, out)
+                return True
+        return False
 
     def _check_forward_full(self, index_q, cache, metadata, out) -> None:
         c, dev = self.config, self.device
