@@ -239,7 +239,8 @@ class StepMetadata:
 class PrefillChunk:
     """One prefill chunk (SPEC 7): requests ``[req_start, req_end)`` (indices among the step's
     prefill requests), their query rows ``[row_start, row_end)`` relative to the first prefill
-    row, and their history pages packed at ``page_offsets`` (host lists)."""
+    row, and their history pages packed at ``page_offsets`` (host ints: lists from
+    ``plan_prefill_chunks``; tuples or int64 arrays from ``Indexer.plan``)."""
 
     req_start: int
     req_end: int
@@ -819,7 +820,7 @@ class Indexer:
         sized."""
         n_pre = ps.shape[0]
         hist = ps - 1  # seq_len >= q_len >= 1 (checked): history pages of the last query
-        hist >>= 7
+        hist //= PAGE_SIZE
         bounds = _chunk_bounds(hist, self._budget)
         p0 = int(pq[0])
         if self.backend != "triton":  # the reference reads device values (it may sync)
