@@ -19,8 +19,8 @@ Memory (allocated in ``Indexer.__init__``; ``Indexer.memory_bytes()``):
 - one block-table buffer ``int32 [max_decode_reqs, ceil(max_model_len / 128)]`` and one
   seq-lens buffer shared by the decode wrappers (wrapper (B, Q) reads rows ``[:B]``: their
   addresses never move, so CUDA graphs captured on them stay valid);
-- two pinned host staging buffers and their device twins (prefill chunk metadata: one
-  non-blocking host-to-device copy per chunk; two alternate so that planning step N+1 never
+- two pinned host staging buffers and their device twins (a step's prefill metadata: one
+  non-blocking host-to-device copy per step; two alternate so that planning step N+1 never
   overwrites host memory a copy of step N may still be reading).
 
 Decode wrappers (``DecodeIndexerWrapper``, one per (padded batch size, Q)) are created on first
@@ -28,13 +28,15 @@ use; creating one compiles its kernels (Triton on a GPU), which syncs once. Afte
 ``plan`` reads host copies only: no device-to-host transfer and no sync.
 
 Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues a
-few small device ops (buffer copies, the prefill staging copies and a clamp of the device seq
-lens by their host copies) on the current stream. An ``IndexerMetadata`` is valid until the
-next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
+few small device ops (one multi-tensor copy of the decode block table and seq lens, one
+prefill staging copy and one clamp of the prefill device seq lens by their host copies) on
+the current stream, and prepares every launch of ``forward``. An ``IndexerMetadata`` is valid
+until the next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,8 +53,10 @@ __all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "Prefi
 
 # Rows a Triton decode program holds per request (``triton.decode.MAX_ROWS``): Q * H <= 64.
 MAX_DECODE_ROWS = 64
-SHORT_MAX_LOCAL = 15  # rows with L <= 15 select by formula (SPEC 5): their pages are not needed
+SHORT_MAX_LOCAL = TOPK - 1  # rows with L <= 15 select by formula (SPEC 5): their pages are not needed
 _NUM_STAGING = 2  # alternating staging slots
+_INT32_MAX = 2 ** 31 - 1
+_MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per gather launch (triton.gather)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -91,7 +95,8 @@ class IndexerConfig:
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
-        ValueError: a non-positive size, bad batch sizes or device. NotImplementedError:
+        ValueError: a non-positive size or one past int32 (2**31 - 1), bad batch sizes or
+        device. NotImplementedError:
         ``max_decode_query_len`` > 8, ``num_heads * max_decode_query_len`` > 64, or another
         top-k / block setting; the message names the supported values.
     """
@@ -121,7 +126,10 @@ class IndexerConfig:
                 f"{settings}")
         for name in ("num_heads", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                      "max_decode_query_len"):
-            object.__setattr__(self, name, _pos_int(name, getattr(self, name)))
+            val = _pos_int(name, getattr(self, name))
+            if val > _INT32_MAX:  # seq lens, offsets and block counts are int32 (SPEC 8.1)
+                v.fail(name, f"at most {_INT32_MAX} (int32 step metadata)", val)
+            object.__setattr__(self, name, val)
         if self.max_decode_query_len > MAX_QUERY_LEN:
             raise NotImplementedError(
                 f"max_decode_query_len: the NVFP4 indexer scores at most {MAX_QUERY_LEN} decode "
@@ -209,21 +217,22 @@ class StepMetadata:
         ``seq_lens_cpu_upper_bound`` (or ``seq_lens_cpu``), ``block_table_tensor``.
 
         Raises:
-            AttributeError: a field is missing (the message names it).
+            AttributeError: fields are missing (the message names every missing one).
         """
         m = common_attn_metadata
-
-        def get(name):
-            if not hasattr(m, name):
-                raise AttributeError(f"common_attn_metadata: expected a field {name!r} "
-                                     f"(vLLM CommonAttentionMetadata), got {type(m).__name__}")
-            return getattr(m, name)
+        names = ("query_start_loc", "query_start_loc_cpu", "seq_lens", "block_table_tensor")
+        missing = [n for n in names if not hasattr(m, n)]
         seq_cpu = getattr(m, "seq_lens_cpu_upper_bound", None)
         if seq_cpu is None:
-            seq_cpu = get("seq_lens_cpu")
-        return cls(query_start_loc=get("query_start_loc"),
-                   query_start_loc_cpu=get("query_start_loc_cpu"), seq_lens=get("seq_lens"),
-                   seq_lens_cpu=seq_cpu, block_table=get("block_table_tensor"),
+            seq_cpu = getattr(m, "seq_lens_cpu", None)
+            if seq_cpu is None:
+                missing.append("seq_lens_cpu_upper_bound or seq_lens_cpu")
+        if missing:
+            raise AttributeError(f"common_attn_metadata: expected the fields {missing} (vLLM "
+                                 f"CommonAttentionMetadata), got {type(m).__name__} without "
+                                 "them")
+        return cls(query_start_loc=m.query_start_loc, query_start_loc_cpu=m.query_start_loc_cpu,
+                   seq_lens=m.seq_lens, seq_lens_cpu=seq_cpu, block_table=m.block_table_tensor,
                    num_decodes=num_decodes)
 
 
@@ -231,7 +240,8 @@ class StepMetadata:
 class PrefillChunk:
     """One prefill chunk (SPEC 7): requests ``[req_start, req_end)`` (indices among the step's
     prefill requests), their query rows ``[row_start, row_end)`` relative to the first prefill
-    row, and their history pages packed at ``page_offsets`` (host lists)."""
+    row, and their history pages packed at ``page_offsets`` (host ints: lists from
+    ``plan_prefill_chunks``; tuples or int64 arrays from ``Indexer.plan``)."""
 
     req_start: int
     req_end: int
@@ -338,30 +348,72 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 warmup=self.use_cuda_graph and dev.type == "cuda")
         # Skipped when the caller passes the buffers themselves (in-place mode, Indexer).
+        dst, src = [], []
         if seq_lens.data_ptr() != self.seq_lens.data_ptr():
-            self.seq_lens.copy_(seq_lens, non_blocking=True)
+            dst.append(self.seq_lens)
+            src.append(seq_lens)
         bt = self.block_table
         if block_table.data_ptr() != bt.data_ptr() or block_table.stride() != bt.stride():
             cols = block_table.shape[1]  # no slicing when the widths agree (host time)
             if cols == w:
-                bt.copy_(block_table, non_blocking=True)
+                dst.append(bt)
+                src.append(block_table)
             elif cols > w:
-                bt.copy_(block_table[:, :w], non_blocking=True)
+                dst.append(bt)
+                src.append(block_table[:, :w])
             else:
-                bt[:, :cols].copy_(block_table, non_blocking=True)
+                dst.append(bt[:, :cols])
+                src.append(block_table)
+        if len(dst) == 2:  # one launch on CUDA (multi-tensor copy) when both are dense
+            torch._foreach_copy_(dst, src, non_blocking=True)
+        elif dst:
+            dst[0].copy_(src[0], non_blocking=True)
         self.query_len = query_len
+
+    def run_planned(self, index_q: torch.Tensor, cache: torch.Tensor,
+                    out: torch.Tensor) -> torch.Tensor:
+        """``run`` for inputs ``Indexer.forward`` has validated (capturable on Triton): no
+        second round of checks and no remembered cache size (each layer's cache is checked
+        by the Indexer; the Triton kernels clamp block ids into the cache they are given)."""
+        if self.backend == "triton":
+            self._runner.run(index_q, cache, self.block_table, self.seq_lens, out)
+            return out
+        self.num_blocks = None  # reference: block ids were checked against this cache
+        return self.run(index_q, cache, out)
 
 
 class _Staging:
-    """One pinned host buffer and its device twin, with an event marking the last copy."""
+    """One pinned host buffer and its device twin, with an event marking the last copy.
 
-    def __init__(self, n: int, device: torch.device):
+    Fixed regions (``S = max_num_seqs`` prefill requests at most): seq-len caps ``[0, S)``,
+    absolute query offsets ``[S, 2S+1)``, the chunks' workspace offsets ``[2S+1, 4S+1)``
+    (chunk k's n+1 at ``a_k + k``), page counts ``[4S+1, 5S+1)`` (at ``a_k``), row blocks
+    from ``5S+1`` (each chunk's ``[2, nb]``, one after the other). The device views of chunk
+    0's regions are made once, so a one-chunk step slices nothing but its seq-len caps."""
+
+    def __init__(self, max_seqs: int, max_blocks: int, device: torch.device):
         pin = device.type == "cuda"
+        s = max_seqs
+        self.qsl_at, self.off_at, self.pages_at, self.blk_at = s, 2 * s + 1, 4 * s + 1, 5 * s + 1
+        n = self.blk_at + 2 * max_blocks
+        self.size, self.max_blocks = n, max_blocks
         self.host = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
         self.host_np = self.host.numpy()
         self.dev = torch.zeros(n, dtype=torch.int32, device=device) if pin else self.host
         self.event = torch.cuda.Event() if pin else None
         self.pending = False
+        d = self.dev
+        self.qsl = d[self.qsl_at:self.off_at]
+        self.off0, self.pages0, self.blk0 = (d[self.off_at:self.pages_at],
+                                             d[self.pages_at:self.blk_at], d[self.blk_at:])
+        self._caps: dict = {}
+
+    def caps(self, n: int) -> torch.Tensor:
+        """Device view of the first ``n`` seq-len caps (cached by n)."""
+        got = self._caps.get(n)
+        if got is None:
+            got = self._caps[n] = self.dev[:n]
+        return got
 
     def acquire(self) -> None:
         """Wait (host) until the previous copy out of ``host`` has been done (almost always
@@ -370,18 +422,13 @@ class _Staging:
             self.event.synchronize()
         self.pending = False
 
-    def copy(self, lo: int, hi: int) -> torch.Tensor:
-        """Non-blocking H2D copy of ``host[lo:hi]``; returns the device view."""
+    def copy(self, hi: int) -> None:
+        """Non-blocking H2D copy of ``host[:hi]`` into ``dev[:hi]``, then mark it."""
         if self.event is None:
-            return self.dev[lo:hi]
-        d = self.dev[lo:hi]
-        d.copy_(self.host[lo:hi], non_blocking=True)
-        return d
-
-    def mark(self) -> None:
-        if self.event is not None:
-            self.event.record()
-            self.pending = True
+            return
+        self.dev[:hi].copy_(self.host[:hi], non_blocking=True)
+        self.event.record()
+        self.pending = True
 
 
 class Indexer:
@@ -428,15 +475,41 @@ class Indexer:
         self.score_buffer = torch.empty(self._score_buffer_elems(), dtype=torch.float32,
                                         device=dev)
         self.decoders: dict[tuple[int, int], _Decoder] = {}
-        self._staging_elems = (9 * c.max_num_seqs + 8
-                               + 2 * _cdiv(c.max_num_batched_tokens * c.num_heads, 16))
-        self._staging = [_Staging(self._staging_elems, dev) for _ in range(_NUM_STAGING)]
+        # row blocks of one step: each request's rows in blocks of >= 16 rows
+        max_blocks = c.max_num_seqs + _cdiv(c.max_num_batched_tokens * c.num_heads, 16)
+        self._staging = [_Staging(c.max_num_seqs, max_blocks, dev) for _ in range(_NUM_STAGING)]
+        self._budget = c.gather_pages
+        self._blocks: dict = {}  # _single_blocks cache
         self._slot = 0
         self._ramps: dict = {}  # _ramp cache
         self._fast_device = dev.type in ("cpu", "cuda")  # _check_step_fast's device compare
         self._num_sms = None
+        self._views: dict = {}  # _scratch_views cache
         if self.backend == "triton":
-            self._num_sms = _kernels().heuristics.num_sms(dev)
+            self._setup_triton()
+
+    def _setup_triton(self) -> None:
+        """What every prefill launch shares, resolved once: dot mode, gather tuning (as
+        ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view."""
+        from .triton.dot_modes import resolve_dot
+        from .triton.gather import _gather_kernel, resolve_tuning
+        from .triton.heuristics import TOKENS_ON_N_DOTS, num_sms
+        from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
+        dev = self.device
+        self._num_sms = num_sms(dev)
+        self._dot = resolve_dot(None, dev)
+        self._tokens_n = self._dot in TOKENS_ON_N_DOTS
+        portable, dequant, tok_block, warps, parts, streaming = resolve_tuning(dev)
+        base = dict(FROM_SEQ_LENS=False, PORTABLE=portable, TOK_BLOCK=tok_block,
+                    PAGE_PARTS=parts, STREAM=streaming, num_warps=warps)
+        self._gather_kw = dict(base, DEQUANT=dequant)
+        # "ptx" reads uint16 code pairs: a cache not 2-byte aligned takes the byte path
+        self._gather_kw_bytes = dict(base, DEQUANT="triton")
+        self._gather_parts = parts
+        self._kernels = (_gather_kernel, _prefill_score_kernel, _prefill_merge_kernel)
+        self._ws8 = self.workspace.view(torch.uint8)
+        self._cuda_guard = dev.type == "cuda"
+        self._score_elems = self.score_buffer.numel()
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -594,14 +667,21 @@ class Indexer:
         elif qsl[0] != 0:
             return None
         if nd < r:
-            if r - nd > c.max_num_seqs:
+            if r > c.max_num_seqs:  # no padding in a mixed step: every request is real
                 return None
             pq = qsl[nd:].astype(np.int64)  # int64: no wrap-around in the differences
-            ps = sl[nd:]
-            ql = pq[1:] - pq[:-1]
-            if _min_max(ql)[0] < 1 or _min_max(ps - ql)[0] < 0 or _min_max(ps)[1] > limit:
-                return None
-        return nd, q, qsl, sl
+            ps = sl[nd:].astype(np.int64)
+            if r - nd == 1:  # one prefill request: scalars
+                s, ql = int(ps[0]), int(pq[1]) - int(pq[0])
+                if not 1 <= ql <= s <= limit:
+                    return None
+            else:
+                ql = pq[1:] - pq[:-1]
+                if _min_max(ql)[0] < 1 or _min_max(ps - ql)[0] < 0 or \
+                        _min_max(ps)[1] > limit:
+                    return None
+            return nd, q, qsl, sl, pq, ps
+        return nd, q, qsl, sl, None, None
 
     def _check_step_full(self, step: StepMetadata):
         """Metadata and host-value checks (SPEC 10); returns host numpy views."""
@@ -678,27 +758,34 @@ class Indexer:
                 v.fail("seq_lens_cpu", f">= query_len={q} for every decode request",
                        f"seq_lens_cpu[{i}]={int(sl[i])}")
         if nd < r:
+            if r > c.max_num_seqs:
+                v.fail("step", f"at most max_num_seqs={c.max_num_seqs} requests in a step with "
+                       "prefill requests (len(seq_lens_cpu))",
+                       f"{r} requests ({nd} decode + {r - nd} prefill)")
             pq, ps = ql[nd:], sl[nd:]
-            bad = (pq < 1) | (pq > ps)
+            empty = pq < 1
+            if empty.any():
+                i = int(np.flatnonzero(empty)[0])
+                v.fail("query_start_loc_cpu", "q_len >= 1 for every prefill request (offsets "
+                       "increasing past num_decodes)", f"q_len={int(pq[i])} for request {nd + i}")
+            bad = pq > ps
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 v.fail("seq_lens_cpu", "1 <= q_len <= seq_len for every prefill request",
                        f"q_len={int(pq[i])}, seq_len={int(ps[i])} for request {nd + i}")
-            if r - nd > c.max_num_seqs:
-                v.fail("seq_lens_cpu", f"at most max_num_seqs={c.max_num_seqs} prefill "
-                       "requests", r - nd)
-        return nd, q, qsl, sl
+            return nd, q, qsl, sl, qsl[nd:], sl[nd:]
+        return nd, q, qsl, sl, None, None
 
     def plan(self, step: StepMetadata) -> IndexerMetadata:
         """Plan one step (SPEC 8.1): outside CUDA-graph capture, every step.
 
         Validates ``step`` against its host copies (shapes, dtypes, devices; query lengths,
         seq lens, padding, sizes against the config), re-plans the decode wrapper of
-        (num_decodes, Q) (device-to-device copies of the step's block table and seq lens
+        (num_decodes, Q) (one device-to-device copy of the step's block table and seq lens
         into its buffers) and groups the prefill requests into chunks that fit the workspace
-        (one non-blocking host-to-device copy of each chunk's metadata). Reads no device
-        value and never syncs (except the first time a (num_decodes, Q) is seen on a GPU:
-        its kernels compile).
+        (their metadata staged in one pinned buffer: one non-blocking host-to-device copy per
+        step; every launch of ``forward`` prepared). Reads no device value and never syncs
+        (except the first time a (num_decodes, Q) is seen on a GPU: its kernels compile).
 
         Returns:
             ``IndexerMetadata``, valid until the next ``plan()``.
@@ -707,27 +794,14 @@ class Indexer:
             ``context_parallel_group``, the first use of a (num_decodes, Q) is collective
             and raises on every rank when the ranks disagree.
         """
-        nd, q, qsl, sl = self._check_step(step)
-        c = self.config
+        nd, q, qsl, sl, pq, ps = self._check_step(step)
         r = sl.shape[0]
         dec = None
         if nd:  # self.decoder raises before any copy on bad sizes (and creates on first use)
             dec = self.decoders.get((nd, q)) or self.decoder(nd, q)
         p0 = int(qsl[nd])
         pre_rows = int(qsl[r]) - p0
-        chunks = []
-        if nd < r:
-            chunks = plan_prefill_chunks(qsl[nd:].tolist(), sl[nd:].tolist(), c.gather_pages,
-                                         skip_short=self.backend == "triton")
-            if self.backend == "triton":
-                self._plan_triton_chunks(step, nd, qsl, sl, chunks)
-            else:  # the reference reads device values (it may sync)
-                for ch in chunks:
-                    a, b = nd + ch.req_start, nd + ch.req_end
-                    cap = torch.as_tensor(sl[a:b], dtype=torch.int32).to(self.device)
-                    ch.dev = {"qsl_cpu": (qsl[a:b + 1] - qsl[a]).tolist(),
-                              "seq": torch.minimum(step.seq_lens[a:b], cap),
-                              "block_table": step.block_table[a:b]}
+        chunks = self._plan_prefill(step, nd, pq, ps) if nd < r else []
         # Everything validated: now write (decode buffers).
         self._generation += 1
         if dec is not None:
@@ -735,83 +809,184 @@ class Indexer:
                 dec.plan_from_host(step.block_table, step.seq_lens, q)
             else:
                 dec.plan_from_host(step.block_table[:nd], step.seq_lens[:nd], q)
-        return IndexerMetadata(num_decodes=nd, decode_query_len=q, num_decode_rows=nd * q,
-                               prefill_row_start=p0, num_prefill_rows=pre_rows,
-                               num_rows=max(nd * q, p0 + pre_rows), decoder=dec,
-                               prefill_chunks=chunks, generation=self._generation)
+        return IndexerMetadata(nd, q, nd * q, p0, pre_rows, max(nd * q, p0 + pre_rows), dec,
+                               chunks, self._generation)
 
-    def _plan_triton_chunks(self, step, nd, qsl, sl, chunks) -> None:
-        """Row blocks, splits and scratch of each chunk (host), staged in one pinned buffer:
-        one non-blocking H2D copy per chunk; the device seq lens are clamped by their host
-        copies so no kernel reads past what the plan sized."""
+    def _plan_prefill(self, step, nd, pq, ps) -> list[PrefillChunk]:
+        """Chunks of the step's prefill requests ``nd ..`` (SPEC 7) from their absolute query
+        offsets ``pq`` (int64 ``[P+1]``) and seq lens ``ps`` (int64 ``[P]``), in numpy;
+        Triton: each chunk's row blocks, splits and scratch, staged in one pinned buffer (one
+        non-blocking H2D copy per step), and every launch's arguments; the device seq lens
+        are clamped by their host copies (one op) so no kernel reads past what the plan
+        sized."""
+        n_pre = ps.shape[0]
+        hist = ps - 1  # seq_len >= q_len >= 1 (checked): history pages of the last query
+        hist //= PAGE_SIZE
+        bounds = _chunk_bounds(hist, self._budget)
+        p0 = int(pq[0])
+        if self.backend != "triton":  # the reference reads device values (it may sync)
+            chunks = []
+            for a, b in bounds:
+                i, j = nd + a, nd + b
+                cap = torch.as_tensor(ps[a:b], dtype=torch.int32).to(self.device)
+                gathered = hist[a:b].tolist()
+                offsets = [0] + np.cumsum(hist[a:b]).tolist()
+                ch = PrefillChunk(a, b, int(pq[a]) - p0, int(pq[b]) - p0, offsets, gathered,
+                                  offsets[-1])
+                ch.dev = {"qsl_cpu": (pq[a:b + 1] - pq[a]).tolist(),
+                          "seq": torch.minimum(step.seq_lens[i:j], cap),
+                          "block_table": step.block_table[i:j]}
+                chunks.append(ch)
+            return chunks
         h = self.config.num_heads
-        pq = qsl[nd:].astype(np.int64)
-        pq -= pq[0]
-        psl = sl[nd:].astype(np.int64)
-        plans, total = [], 0
-        for ch in chunks:
-            a, b = ch.req_start, ch.req_end
-            rel = pq[a:b + 1] - pq[a]
-            seq = psl[a:b]
-            qlen = rel[1:] - rel[:-1]
-            bm = _kernels().heuristics.prefill_block_m(int(qlen.max()), h)
-            reqs, row0s, pages = _row_blocks(qlen, seq, h, bm)
-            top = int(pages.max())
-            score_pages = top if top > SHORT_MAX_LOCAL else 0
-            ch.launch = _kernels().heuristics.prefill_launch(
-                len(reqs), score_pages, bm, self._num_sms, cap=self.score_buffer.numel())
-            ch.launch["max_gather"] = max(ch.gather_pages)
-            # staged layout: [qsl (n+1) | seq cap (n) | ws offsets (n+1) | pages (n) | blocks 2nb]
-            n = b - a
-            vals = (rel, seq, ch.page_offsets, ch.gather_pages, reqs, row0s)
-            size = 4 * n + 2 + 2 * len(reqs)
-            plans.append((ch, n, len(reqs), vals, size))
-            total += size
-        if total > self._staging_elems:  # cannot happen within the config's limits
-            v.fail("step", f"prefill metadata of at most {self._staging_elems} ints (staging)",
-                   total)
         st = self._staging[self._slot]
+        host = st.host_np
+        # Host work first (nothing is written before every size is known to fit).
+        plans, n_blk = [], 0
+        for a, b in bounds:
+            if b - a == 1:  # one request: scalars, cached row blocks
+                hk = int(hist[a])
+                g = hk if hk > SHORT_MAX_LOCAL else 0  # short rows only: select by formula
+                gathered, offs = (g,), (0, g)
+                bm, blocks = self._single_blocks(int(pq[a + 1]) - int(pq[a]), h)
+                nb, top = blocks.shape[0] // 2, hk
+            else:
+                hs = hist[a:b]
+                gathered = np.where(hs > SHORT_MAX_LOCAL, hs, 0)
+                offs = np.empty(b - a + 1, dtype=np.int64)
+                offs[0] = 0
+                np.cumsum(gathered, out=offs[1:])
+                qlen = pq[a + 1:b + 1] - pq[a:b]
+                bm = min(128, max(16, 1 << (int(qlen[qlen.argmax()]) * h - 1).bit_length()))
+                reqs, row0s = _row_blocks(qlen, ps[a:b], h, bm, pages=False)
+                if a:
+                    reqs += a  # blocks name the step's prefill requests
+                nb = reqs.shape[0]
+                blocks = np.concatenate((reqs, row0s))
+                top = int(hs[hs.argmax()])  # a request's last row block has its largest page
+            launch = _prefill_launch(nb, top if top > SHORT_MAX_LOCAL else 0, bm,
+                                     self._num_sms, self._score_elems)
+            plans.append((a, b, nb, gathered, offs, blocks, launch, n_blk))
+            n_blk += nb
+        if n_blk > st.max_blocks:  # cannot happen within the config's limits
+            v.fail("step", f"at most {st.max_blocks} prefill row blocks (staging)", n_blk)
         self._slot = (self._slot + 1) % _NUM_STAGING
         st.acquire()
-        off = 0
-        host = st.host_np
-        for ch, n, nb, vals, size in plans:
-            lo, hi = off, off + size
-            at = lo
-            for part in vals:
-                host[at:at + len(part)] = part
-                at += len(part)
-            d = st.copy(lo, hi)
-            seq = step.seq_lens[nd + ch.req_start: nd + ch.req_end]
-            qsl_d, cap, ws_off, pages, blocks = d.split([n + 1, n, n + 1, n, 2 * nb])
-            # min(device seq lens, host copy): kernels never read past the planned pages
-            ch.dev = {"qsl": qsl_d, "seq": torch.minimum(seq, cap), "ws_off": ws_off,
-                      "pages": pages, "blocks": blocks, "num_blocks": nb,
-                      "block_table": step.block_table[nd + ch.req_start: nd + ch.req_end]}
-            off = hi
-        st.mark()
+        host[:n_pre] = ps
+        host[st.qsl_at:st.qsl_at + n_pre + 1] = pq
+        for k, (a, b, nb, gathered, offs, blocks, _, bo) in enumerate(plans):
+            at = st.off_at + a + k
+            host[at:at + b - a + 1] = offs
+            host[st.pages_at + a:st.pages_at + b] = gathered
+            at = st.blk_at + 2 * bo
+            host[at:at + 2 * nb] = blocks
+            if a and b - a == 1:
+                host[at:at + nb] = a  # blocks name the step's prefill requests
+        st.copy(st.blk_at + 2 * n_blk)
+        # min(device seq lens, host copy): kernels never read past the planned pages
+        seq = torch.minimum(step.seq_lens[nd:] if nd else step.seq_lens, st.caps(n_pre))
+        bt_all = step.block_table[nd:] if nd else step.block_table
+        width = bt_all.shape[1]
+        bt_stride = bt_all.stride(0)
+        ws8, qsl_d = self._ws8, st.qsl
+        chunks = []
+        for k, (a, b, nb, gathered, offs, blocks, L, bo) in enumerate(plans):
+            n = b - a
+            if k == 0:
+                ws_off, pages, blk, bt = st.off0, st.pages0, st.blk0, bt_all
+            else:
+                d = st.dev
+                ws_off = d[st.off_at + a + k:st.pages_at]
+                pages = d[st.pages_at + a:st.blk_at]
+                blk = d[st.blk_at + 2 * bo:]
+                bt = bt_all[a:]
+            total = int(offs[-1])
+            max_gather = max(gathered)
+            ch = PrefillChunk(a, b, int(pq[a]) - p0, int(pq[b]) - p0, offs, gathered, total)
+            gather = []  # (grid, (block table, its row stride, pages, ws offsets))
+            if total:
+                x = max_gather * self._gather_parts
+                for r0 in range(0, n, _MAX_GRID_Y):  # CUDA's grid y limit
+                    r1 = min(n, r0 + _MAX_GRID_Y)
+                    gather.append(((x, r1 - r0), (bt, bt_stride, pages, ws_off) if r0 == 0
+                                   else (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
+            cand, win = self._scratch_views(L["cand"], L["win_elems"])
+            ns, bm, keep = L["ns"], L["block_m"], L["keep"]
+            # the score kernel reads ws offsets at (request - a): blocks name step requests
+            ch.launch = dict(L, max_gather=max_gather, gather=gather, width=width,
+                             score_grid=(nb, ns),
+                             score_args=(ws8, ws_off, a, qsl_d, seq, blk, nb, cand, win),
+                             score_kw=dict(H=h, BLOCK_M=bm, NUM_SPLITS=ns, DOT=self._dot,
+                                           WINDOW=L["win"], KEEP=keep,
+                                           TOKENS_N=self._tokens_n),
+                             merge=None)
+            if ns > 1:
+                mrows, warps = L["merge_config"]
+                ch.launch["merge"] = ((nb, _cdiv(bm, mrows)), (cand, qsl_d, seq, blk, nb),
+                                      dict(H=h, BLOCK_M=bm, NUM_SPLITS=ns,
+                                           SPLITS_PAD=L["splits_pad"], ROWS=mrows, KEEP=keep,
+                                           num_warps=warps))
+            ch.dev = {"qsl": qsl_d, "seq": seq, "ws_off": ws_off, "pages": pages,
+                      "blocks": blk, "num_blocks": nb, "block_table": bt}
+            chunks.append(ch)
+        return chunks
+
+    def _single_blocks(self, q_len: int, h: int):
+        """(BLOCK_M, int32 ``[2, nb]`` row blocks (request 0, first rows)) of a one-request
+        chunk of ``q_len`` queries (cached by q_len)."""
+        got = self._blocks.get(q_len)
+        if got is None:
+            if len(self._blocks) > 4096:
+                self._blocks.clear()
+            rows = q_len * h
+            bm = min(128, max(16, 1 << (rows - 1).bit_length()))
+            nb = _cdiv(rows, bm)
+            blocks = np.zeros(2 * nb, dtype=np.int32)
+            blocks[nb:] = np.arange(0, nb * bm, bm)
+            got = self._blocks[q_len] = (bm, blocks)
+        return got
+
+    def _scratch_views(self, n_cand: int, win_elems: int):
+        """(int64 candidates, float32 window scratch) views of the shared score scratch
+        (cached by size)."""
+        key = (n_cand, win_elems)
+        got = self._views.get(key)
+        if got is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            sb = self.score_buffer
+            cand = sb[:2 * max(n_cand, 1)].view(torch.int64)
+            win = sb[2 * n_cand:2 * n_cand + win_elems] if win_elems else sb[:1]
+            got = self._views[key] = (cand, win)
+        return got
 
     # -- forward --------------------------------------------------------------------------
 
-    def forward(self, index_q: torch.Tensor, cache: torch.Tensor, metadata: IndexerMetadata,
-                out: torch.Tensor) -> torch.Tensor:
-        """Select pages for every row of the planned step into ``out`` (SPEC 8.1).
+    def _check_forward(self, index_q, cache, metadata, out) -> None:
+        """forward's checks (SPEC 10): a few plain comparisons accept well-formed inputs;
+        anything else goes through the full checks, which name the error."""
+        if not self._forward_inputs_plain(index_q, cache, metadata, out):
+            self._check_forward_full(index_q, cache, metadata, out)
 
-        Args:
-            index_q: ``float8_e4m3fn [T, H, 128]`` (T >= the step's rows; unit last stride).
-            cache: the paged index-K cache ``uint8 [N, 128, 72]`` (SPEC 2).
-            metadata: this step's ``IndexerMetadata`` (from the latest ``plan()``).
-            out: int32 ``[T', H, 16]`` contiguous, T' >= the step's rows.
-        Decode rows ``[0, num_decodes * Q)`` go through the decode wrapper (no allocation, no
-        sync: capturable for a decode-only step); prefill chunks run eagerly: gather into the
-        reserved workspace, then Q8KV8 scoring + top-k, each into its own rows. Rows past the
-        step's are never written.
-        Returns:
-            ``out``.
-        Raises:
-            TypeError / ValueError: shapes, dtypes, devices (metadata only, no sync).
-            RuntimeError: metadata from an older ``plan()``.
-        """
+    def _forward_inputs_plain(self, index_q, cache, metadata, out) -> bool:
+        """True when ``_check_forward_full`` plainly passes (every condition implies it)."""
+        if type(metadata) is IndexerMetadata and metadata.generation == self._generation \
+                and self._fast_device and type(index_q) is torch.Tensor \
+                and type(cache) is torch.Tensor and type(out) is torch.Tensor \
+                and index_q.dtype == torch.float8_e4m3fn and cache.dtype == torch.uint8 \
+                and out.dtype == torch.int32:
+            dev, h, rows = self.device, self.config.num_heads, metadata.num_rows
+            qs, cs, os_, cst = index_q.shape, cache.shape, out.shape, cache.stride()
+            if (index_q.device == dev and cache.device == dev and out.device == dev
+                    and len(qs) == 3 and qs[0] >= rows and qs[1] == h and qs[2] == HEAD_DIM
+                    and index_q.stride(2) == 1 and len(os_) == 3 and os_[0] >= rows
+                    and os_[1] == h and os_[2] == TOPK and out.is_contiguous()
+                    and len(cs) == 3 and cs[0] >= 1 and cs[1] == PAGE_SIZE and cs[2] == 72
+                    and cst[1] == 72 and cst[2] == 1 and cst[0] >= 9216 and cst[0] % 16 == 0):
+                return True
+        return False
+
+    def _check_forward_full(self, index_q, cache, metadata, out) -> None:
         c, dev = self.config, self.device
         if not isinstance(metadata, IndexerMetadata):
             raise TypeError(f"metadata: expected an IndexerMetadata, got "
@@ -830,18 +1005,53 @@ class Indexer:
                 v.fail(name, f"at least {rows} rows (the step's)", f"shape {tuple(t.shape)}")
         if rows and cache.shape[0] == 0:
             v.fail("cache", "at least one block", "an empty cache (0 blocks)")
+
+    def forward(self, index_q: torch.Tensor, cache: torch.Tensor, metadata: IndexerMetadata,
+                out: torch.Tensor) -> torch.Tensor:
+        """Select pages for every row of the planned step into ``out`` (SPEC 8.1).
+
+        Args:
+            index_q: ``float8_e4m3fn [T, H, 128]`` (T >= the step's rows; unit last stride).
+            cache: the paged index-K cache ``uint8 [N, 128, 72]`` (SPEC 2).
+            metadata: this step's ``IndexerMetadata`` (from the latest ``plan()``).
+            out: int32 ``[T', H, 16]`` contiguous, T' >= the step's rows.
+        Decode rows ``[0, num_decodes * Q)`` go through the decode wrapper (no allocation, no
+        sync: capturable for a decode-only step); prefill chunks run eagerly: gather into the
+        reserved workspace, then Q8KV8 scoring + top-k, each into its own rows (Triton: the
+        launches ``plan`` prepared). Rows past the step's are never written.
+        Returns:
+            ``out``.
+        Raises:
+            TypeError / ValueError: shapes, dtypes, devices (metadata only, no sync).
+            RuntimeError: metadata from an older ``plan()``.
+        """
+        self._check_forward(index_q, cache, metadata, out)
         if self.backend != "triton":  # reference: every page the step reads is in the cache
             self._check_block_ids(metadata, cache.shape[0])
         nr = metadata.num_decode_rows
         if nr:
-            metadata.decoder.run(index_q[:nr], cache, out[:nr])
+            dec = metadata.decoder
+            if nr != index_q.shape[0]:
+                index_q_d, out_d = index_q[:nr], out[:nr]
+            else:
+                index_q_d, out_d = index_q, out
+            if isinstance(dec, _HostPlannedDecodeWrapper):
+                dec.run_planned(index_q_d, cache, out_d)
+            else:
+                dec.run(index_q_d, cache, out_d)
+        if not metadata.prefill_chunks:
+            return out
+        if self.backend == "triton":
+            if self._cuda_guard:
+                with torch.cuda.device(self.device):
+                    self._triton_prefill(index_q, cache, metadata, out)
+            else:
+                self._triton_prefill(index_q, cache, metadata, out)
+            return out
         p0 = metadata.prefill_row_start
         for ch in metadata.prefill_chunks:
             lo, hi = p0 + ch.row_start, p0 + ch.row_end
-            if self.backend == "triton":
-                self._triton_chunk(index_q[lo:hi], cache, ch, metadata, out[lo:hi])
-            else:
-                self._reference_chunk(index_q[lo:hi], cache, ch, metadata, out[lo:hi])
+            self._reference_chunk(index_q[lo:hi], cache, ch, metadata, out[lo:hi])
         return out
 
     __call__ = forward
@@ -860,39 +1070,26 @@ class Indexer:
                                        history_pages(ch.dev["seq"].to(torch.long)), num_blocks,
                                        name="block_table")
 
-    def _triton_chunk(self, q, cache, ch, md, out) -> None:
-        from .triton.gather import gather_into
-        from .triton.heuristics import TOKENS_ON_N_DOTS, merge_config
-        from .triton.numerics import device_guard, portable_default
-        from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
-        from .triton.dot_modes import resolve_dot
-        import triton
-        d, L = ch.dev, ch.launch
-        dev = self.device
-        bt = d["block_table"]
-        if ch.total_pages:
-            gather_into(cache, bt, d["pages"], d["ws_off"], self.workspace, L["max_gather"],
-                        lengths_are_seq_lens=False, portable=portable_default(dev))
-        dot = resolve_dot(None, dev)
-        nb, ns, keep, win, bm = d["num_blocks"], L["ns"], L["keep"], L["win"], L["block_m"]
-        n_cand = L["cand"]
-        sb = self.score_buffer
-        cand = sb[:2 * max(n_cand, 1)].view(torch.int64)
-        winbuf = sb[2 * n_cand:2 * n_cand + max(L["win_elems"], 1)] if L["win_elems"] else sb[:1]
-        q8 = q.view(torch.uint8)
-        ws8 = self.workspace.view(torch.uint8)
-        h = self.config.num_heads
-        with device_guard(dev):
-            _prefill_score_kernel[(nb, ns)](
-                q8, q8.stride(0), q8.stride(1), ws8, d["ws_off"], 0, d["qsl"], d["seq"],
-                d["blocks"], nb, cand, winbuf, out, H=h, BLOCK_M=bm, NUM_SPLITS=ns, DOT=dot,
-                WINDOW=win, KEEP=keep, TOKENS_N=dot in TOKENS_ON_N_DOTS)
-            if ns > 1:
-                mrows, warps = merge_config(ns, keep)
-                _prefill_merge_kernel[(nb, triton.cdiv(bm, mrows))](
-                    cand, d["qsl"], d["seq"], d["blocks"], nb, out, H=h, BLOCK_M=bm,
-                    NUM_SPLITS=ns, SPLITS_PAD=triton.next_power_of_2(ns), ROWS=mrows,
-                    KEEP=keep, num_warps=warps)
+    def _triton_prefill(self, index_q, cache, md, out) -> None:
+        """Every chunk's planned launches: gather into the workspace, score, merge. The
+        staged row offsets are absolute: the kernels take all of ``index_q`` and ``out``."""
+        gk, sk, mk = self._kernels
+        q8 = index_q.view(torch.uint8)
+        qs = q8.stride()
+        cs = cache.stride(0)
+        n_cache = cache.shape[0]
+        gkw = self._gather_kw if cache.data_ptr() % 2 == 0 else self._gather_kw_bytes
+        ws8 = self._ws8
+        ws_pages = ws8.shape[0]
+        for ch in md.prefill_chunks:
+            L = ch.launch
+            for grid, (bt, bts, pages, off) in L["gather"]:
+                gk[grid](cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"], n_cache,
+                         **gkw)
+            sk[L["score_grid"]](q8, qs[0], qs[1], *L["score_args"], out, **L["score_kw"])
+            m = L["merge"]
+            if m is not None:
+                mk[m[0]](*m[1], out, **m[2])
 
     def _reference_chunk(self, q, cache, ch, md, out) -> None:
         """Reference: gather the chunk into the reserved workspace, score each request from
@@ -914,24 +1111,65 @@ class Indexer:
 
 
 def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,
-                block_m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                block_m: int, pages: bool = True) -> tuple[np.ndarray, ...]:
     """``triton.heuristics.plan_row_blocks`` of requests ``0 .. n-1`` in numpy (host time):
     ``(request, first row, pages)`` int64 arrays per block of ``block_m`` (token, head) rows
-    of one request, ``pages`` the local page of its last row (0 when negative). Query lengths
-    ``q_lens [n]`` (>= 1) and ``seq_lens [n]`` are int64 arrays."""
+    of one request, ``pages`` the local page of its last row (0 when negative; left out with
+    ``pages=False``). Query lengths ``q_lens [n]`` (>= 1) and ``seq_lens [n]`` are int64
+    arrays."""
     rows = q_lens * num_heads
     if len(rows) == 1:  # one request: no per-block gathers
         nb = _cdiv(int(rows[0]), block_m)
         row0s = np.arange(0, nb * block_m, block_m)
+        reqs = np.zeros(nb, dtype=np.int64)
+        if not pages:
+            return reqs, row0s
         t_last = np.minimum(row0s + block_m, rows[0])
         t_last -= 1
         t_last //= num_heads
         t_last += seq_lens[0] - q_lens[0]
-        return np.zeros(nb, dtype=np.int64), row0s, np.maximum(t_last, 0) // PAGE_SIZE
+        return reqs, row0s, np.maximum(t_last, 0) // PAGE_SIZE
     nblk = -(-rows // block_m)
     reqs = np.repeat(np.arange(len(rows)), nblk)
     first = np.cumsum(nblk) - nblk  # each request's first block
     row0s = (np.arange(len(reqs)) - first[reqs]) * block_m
+    if not pages:
+        return reqs, row0s
     t_last = (np.minimum(row0s + block_m, rows[reqs]) - 1) // num_heads
-    pages = np.maximum(seq_lens[reqs] - q_lens[reqs] + t_last, 0) // PAGE_SIZE
-    return reqs, row0s, pages
+    return reqs, row0s, np.maximum(seq_lens[reqs] - q_lens[reqs] + t_last, 0) // PAGE_SIZE
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int,
+                    cap: int | None) -> dict:
+    """``triton.heuristics.prefill_launch`` (splits / keep / window / scratch of one prefill
+    chunk's score launch, fewer splits until the scratch fits ``cap``) plus its merge launch's
+    (rows, warps) and padded splits. Cached (host time): callers must not edit it."""
+    from .triton import heuristics as hz
+    launch = hz.prefill_launch(num_blocks, score_pages, block_m, num_sms, cap=cap)
+    ns = launch["ns"]
+    launch["merge_config"] = hz.merge_config(ns, launch["keep"]) if ns > 1 else None
+    launch["splits_pad"] = hz.next_pow2(ns)
+    return launch
+
+
+def _chunk_bounds(hist: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """``reference.prefill.plan_chunks`` in numpy: greedy ``[start, end)`` request ranges
+    whose history pages ``hist`` (int64, each <= ``budget``) sum to at most ``budget``."""
+    n = hist.shape[0]
+    if n == 1:
+        return [(0, 1)]
+    cs = np.empty(n + 1, dtype=np.int64)
+    cs[0] = 0
+    np.cumsum(hist, out=cs[1:])
+    if cs[n] <= budget:
+        return [(0, n)]
+    bounds, start = [], 0
+    while start < n:
+        end = int(np.searchsorted(cs, cs[start] + budget, side="right")) - 1
+        if end <= start:  # cannot happen: seq lens <= max_model_len (checked)
+            v.fail("seq_lens_cpu", f"at most {budget} history pages per request "
+                   "(the gather workspace)", int(hist[start]))
+        bounds.append((start, end))
+        start = end
+    return bounds

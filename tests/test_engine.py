@@ -83,6 +83,8 @@ def test_names_exported():
     (dict(topk=8), NotImplementedError, "16"),
     (dict(block_size=64), NotImplementedError, "128"),
     (dict(init_blocks=1), NotImplementedError, "(16, 0, 1, 128, 128, 'max')"),
+    (dict(max_model_len=2 ** 31), ValueError, "max_model_len"),
+    (dict(max_num_batched_tokens=2 ** 31), ValueError, "int32"),
 ])
 def test_config_validation(kw, exc, words):
     with pytest.raises(exc, match=None) as e:
@@ -339,6 +341,10 @@ def test_from_vllm_reads_fields_by_name(cache):
     del cam.block_table_tensor
     with pytest.raises(AttributeError, match="block_table_tensor"):
         ni.StepMetadata.from_vllm(cam, nd)
+    del cam.seq_lens, cam.seq_lens_cpu
+    with pytest.raises(AttributeError) as e:  # every missing field is named
+        ni.StepMetadata.from_vllm(cam, nd)
+    assert all(w in str(e.value) for w in ("block_table_tensor", "'seq_lens'", "seq_lens_cpu"))
 
 
 # ------------------------------------------------------------------------------- GPU
@@ -449,12 +455,19 @@ def test_plan_fast_checks_imply_full_checks():
              _step(*MIXED),
              _step([4, 4, 9, 1], [40, 2000, 9, 1], 2),
              _step([7, 20], [7, 2000], 0)]
+    bases.append(_step([2, 2, 9], [300, 2500, 2900], 2))  # one prefill request
+    bases.append(_step([5], [2900], 0))
+
+    def same(fast, want):
+        return fast[:2] == want[:2] and all(
+            (f is None and w is None) or (f is not None and w is not None
+                                          and f.tolist() == w.tolist())
+            for f, w in zip(fast[2:], want[2:]))
     for s in bases:
         fast = ix._check_step_fast(s)
         assert fast is not None
         want = ix._check_step_full(s)
-        assert fast[:2] == want[:2] and fast[2].tolist() == want[2].tolist() \
-            and fast[3].tolist() == want[3].tolist()
+        assert len(fast) == len(want) == 6 and same(fast, want)
     rng = np.random.default_rng(5)
     accepted = rejected = 0
     for n in range(600):
@@ -468,8 +481,7 @@ def test_plan_fast_checks_imply_full_checks():
             continue
         accepted += 1
         if fast is not None:
-            assert fast[:2] == want[:2] and fast[2].tolist() == want[2].tolist() \
-                and fast[3].tolist() == want[3].tolist()
+            assert same(fast, want)
     assert accepted > 50 and rejected > 50
 
 
@@ -510,3 +522,136 @@ def test_plan_in_place_shared_buffers(cache, backend):
     assert ix.decode_block_table.data_ptr() == bt_ptr
     assert torch.equal(out, out2)
     assert torch.equal(out, _expected(q, cache, s, nd, 2))
+
+
+# ----------------------------------------------------------- issue 14: gaps, prepared launches
+
+def test_mixed_step_max_num_seqs():
+    """A step with prefill requests has no padding: at most max_num_seqs requests in all
+    (a decode-only step may be padded up to the largest CUDA-graph size)."""
+    ix = ni.Indexer(_config(max_num_seqs=4), backend="reference")
+    before = ix.decode_block_table.clone()
+    for fast in (True, False):
+        step = _step([1, 1, 1, 1, 9], [300, 400, 500, 600, 2000], 4)
+        if not fast:
+            step.num_decodes = np.int64(4)  # other int types take the full checks
+        with pytest.raises(ValueError) as e:
+            ix.plan(step)
+        assert "max_num_seqs=4" in str(e.value) and str(e.value).startswith("step:")
+    assert torch.equal(ix.decode_block_table, before) and not ix.decoders
+    assert ix.plan(_step([1, 1, 1, 9], [300, 400, 500, 2000], 3)).num_rows == 12
+    md = ix.plan(_step([1] * 5 + [0] * 3, [300] * 5 + [0] * 3, 8))  # padded to 8 > 4
+    assert md.decode_only and md.num_decodes == 8
+
+
+@pytest.mark.parametrize("q_lens,seqs,nd,field,words", [
+    ([2, 2, 0, 5], [300, 300, 200, 400], 2, "query_start_loc_cpu", "q_len >= 1"),
+    ([2, 2, 50], [300, 300, 40], 2, "seq_lens_cpu", "q_len <= seq_len"),
+])
+def test_prefill_errors_name_their_field(q_lens, seqs, nd, field, words):
+    ix = ni.Indexer(_config(), backend="reference")
+    with pytest.raises(ValueError) as e:
+        ix.plan(_step(q_lens, seqs, nd))
+    assert str(e.value).startswith(field + ":") and words in str(e.value)
+    assert not ix.decoders
+
+
+def test_decode_copies_are_one_multi_tensor_copy(monkeypatch):
+    """plan copies the step's block table and seq lens into the decode buffers in one
+    ``torch._foreach_copy_`` (one launch on CUDA); narrower / wider block tables too."""
+    calls = []
+    real = torch._foreach_copy_
+
+    def counting(dst, src, **kw):
+        calls.append(len(dst))
+        return real(dst, src, **kw)
+    monkeypatch.setattr(torch, "_foreach_copy_", counting)
+    ix = ni.Indexer(_config(), backend="reference")
+    for width in (24, 26, 20):  # max_pages is 24
+        ix.decode_block_table.fill_(-9)
+        s = _step([1, 1, 1], [300, 2500, 130], 3, width=width, seed=width)
+        calls.clear()
+        ix.plan(s)
+        assert calls == [2]
+        w = min(width, 24)
+        assert torch.equal(ix.decode_block_table[:3, :w], s.block_table[:, :w])
+        assert bool((ix.decode_block_table[:3, w:] == -9).all())  # never past the step's
+        assert torch.equal(ix.decode_seq_lens[:3], s.seq_lens)
+
+
+def test_forward_per_layer_caches_of_other_sizes(cache):
+    """Each forward checks its own cache: a later layer's smaller cache (holding every
+    block the step reads) is accepted (the decode wrapper remembers no cache size)."""
+    ix = ni.Indexer(_config(), backend="reference")
+    step = _step([2, 2, 9], [300, 2500, 2900], 2, nb=40)
+    md = ix.plan(step)
+    q = _queries(13)
+    want = _expected(q, cache, step, 2, 2)
+    for c in (cache, cache[:40], cache):
+        out = torch.full((13, H, 16), POISON, dtype=torch.int32)
+        assert torch.equal(ix.forward(q, c, md, out), want)
+    with pytest.raises(ValueError, match="block_table"):
+        ix.forward(q, cache[:10], md, torch.empty((13, H, 16), dtype=torch.int32))
+
+
+def test_triton_chunks_of_several_requests(cache):
+    """Triton (interpreter): chunks of several requests (one with only short rows: no
+    gather, one split), a later multi-request chunk and a one-request chunk; every row
+    equals the public ops, rows past the step stay poisoned, and a re-plan of the same
+    step (the other staging slot) stages the same metadata."""
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")  # 20 pages
+    q_lens = [3, 3, 5, 30, 40, 20, 3]
+    seqs = [2300, 900, 700, 2000, 2200, 300, 2400]  # prefill hist 5, 15 | 17, 2 | 18
+    step = _step(q_lens, seqs, 2, seed=11)
+    md = ix.plan(step)
+    assert [(c.req_start, c.req_end) for c in md.prefill_chunks] == [(0, 2), (2, 4), (4, 5)]
+    assert md.prefill_chunks[0].total_pages == 0 and md.prefill_chunks[1].total_pages == 17
+    rows = sum(q_lens)
+    q = _queries(rows + 3)
+    want = _expected(q, cache, step, 2, 3)
+    out = torch.full((rows + 3, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out[:rows], want)
+    assert bool((out[rows:] == POISON).all())
+
+    def staged(m):
+        return [[c.dev[k][:n].tolist() for k, n in (("qsl", 6), ("seq", 5), ("ws_off", 3),
+                                                     ("pages", 2), ("blocks", 4))]
+                for c in m.prefill_chunks]
+    first = staged(md)
+    md2 = ix.plan(step)  # the other staging slot: the same metadata
+    assert md2.prefill_chunks[0].dev["qsl"].data_ptr() != md.prefill_chunks[0].dev["qsl"].data_ptr()
+    assert staged(md2) == first
+    assert first[0][0] == [6, 11, 41, 81, 101, 104]  # absolute rows of index_q / out
+
+
+def test_forward_plain_checks_imply_full_checks(cache):
+    """forward's fast checks accept only what the full checks accept."""
+    ix = ni.Indexer(_config(), backend="reference")
+    md = ix.plan(_step([2, 2, 9], [300, 2500, 2900], 2))
+    q, out = _queries(13), torch.empty((13, H, 16), dtype=torch.int32)
+    assert ix._forward_inputs_plain(q, cache, md, out)
+    variants = [
+        (q[:12], cache, out), (q, cache, out[:12]), (q.view(torch.uint8), cache, out),
+        (q, cache, out.long()), (q, cache.view(torch.int8), out),
+        (q, cache[:0], out), (q, cache[:, :64], out), (q, cache[..., :64], out),
+        (q[:, :1], cache, out), (q, cache, out[:, :1]), (q, cache, out.transpose(0, 1)),
+        (torch.cat([q, q], dim=-1)[..., ::2], cache, out), (q, cache, out[..., :8]),
+        (q.float(), cache, out), (q, cache, out.unsqueeze(0)), (q, cache.flatten(), out),
+        (q, cache, out[::2]), (torch.cat([q, q])[::2], cache, out),
+    ]
+    plain = 0
+    for qq, cc, oo in variants:
+        if ix._forward_inputs_plain(qq, cc, md, oo):
+            plain += 1
+            ix._check_forward_full(qq, cc, md, oo)  # must not raise
+        else:
+            with pytest.raises((ValueError, TypeError)):
+                ix._check_forward_full(qq, cc, md, oo)
+    assert plain == 1  # the strided index_q (rows of unit last stride) is fine
+    assert not ix._forward_inputs_plain(q, cache, dataclasses_replace(md), out)
+
+
+def dataclasses_replace(md):
+    import dataclasses
+    return dataclasses.replace(md, generation=md.generation - 1)
