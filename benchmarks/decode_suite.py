@@ -79,5 +79,5 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
     rec["flag_big_under_75"] = bool(case.suite == "decode-full"
                                     and tr.pages_bytes >= wl.FLAG_PAGES_BYTES
                                     and rec["copy_ratio"] is not None
-                                    and rec["copy_ratio"] < TARGET_DECODE_BIG_CASE)
+                                    and rec["copy_ratio"] < wl.TARGET_DECODE_BIG_CASE)
     return rec
