@@ -10,11 +10,13 @@ from typing import Callable
 
 import torch
 
+from conformance.fixtures import OUT_POISON
+
 from . import workloads as wl
 from .pool import PagePool
 from .timing import (L2Flush, Timing, mix_ceiling_gbps, time_eager, time_graph, time_host)
 
-POISON = -7  # never a valid output value (outputs are >= -1)
+POISON = OUT_POISON  # never a valid output value (outputs are >= -1)
 
 # The parts of workloads.Traffic.parts that a gather / insert call writes; every other part is
 # read. Traffic keeps no read / write split, so the split is derived here from the part names

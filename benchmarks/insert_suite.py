@@ -10,17 +10,12 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import PAGE_SIZE
 from nvfp4_indexer.reference.paging import read_blocks
 
+from conformance.fixtures import rope_cache
+
 from . import workloads as wl
 from .context import Context, _finish, _ref_time, _traffic_fields, written_bytes
 from .pool import PagePool, random_keys
 from .timing import rotation_slots, sync
-
-def rope_cache(max_position: int, rotary_dim: int, device, dtype=torch.bfloat16):
-    """NeoX cos/sin cache ``[max_position, rotary_dim]`` (cos half, then sin half), base 1e4."""
-    inv_freq = 1e4 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    ang = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([ang.cos(), ang.sin()], dim=-1).to(dtype).to(device)
-
 
 def insert_inputs(ctx: Context, case: wl.InsertCase, slots: int):
     """An insert case's own page pool and, per rotation slot, ``(keys bf16, positions,
@@ -31,7 +26,7 @@ def insert_inputs(ctx: Context, case: wl.InsertCase, slots: int):
     gen = ctx.gen(case.name)
     cpu_gen = torch.Generator().manual_seed(ctx.seed + 17)
     weight = (0.1 * torch.randn(128, device=dev, generator=gen)).float()
-    cos_sin = rope_cache(case.max_position, case.rotary_dim, dev)
+    cos_sin = rope_cache(case.max_position, case.rotary_dim, torch.bfloat16).to(dev)
     inputs = []
     for _ in range(slots):
         k = random_keys(case.tokens, dev, gen, pool.channel_scale, torch.bfloat16)

@@ -12,6 +12,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
+from conformance.fixtures import OUT_POISON
 
 REF = {"backend": "reference"}
 
@@ -105,7 +106,7 @@ def test_wrapper_reference_plan_run_and_replay():
                                  use_cuda_graph=False, backend="reference")
     wr.plan(bt, seq, 2, num_blocks=cache.shape[0])
     assert torch.equal(bt_buf[:, :bt.shape[1]], bt) and torch.equal(sl_buf, seq)
-    out = torch.full((8, 2, 16), -7, dtype=torch.int32)
+    out = torch.full((8, 2, 16), OUT_POISON, dtype=torch.int32)
     assert wr.run(q, cache, out) is out
     want = ni.decode_indexer(q, cache, bt, seq, 2, **REF)
     assert torch.equal(out, want)
@@ -113,7 +114,7 @@ def test_wrapper_reference_plan_run_and_replay():
     # without a new plan: fresh results (SPEC 6).
     sl_buf[0] = 2000
     sl_buf[2] = 0  # now a padding request
-    out.fill_(-7)
+    out.fill_(OUT_POISON)
     wr.run(q, cache, out)
     seq2 = seq.clone()
     seq2[0], seq2[2] = 2000, 0

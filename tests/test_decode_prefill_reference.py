@@ -13,6 +13,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
+from conformance.fixtures import selection_out
 
 REF = {"backend": "reference"}
 GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)
@@ -133,7 +134,7 @@ def test_decode_against_bruteforce(q_len, heads):
 def test_decode_out_buffer_poisoned(q_len, heads):
     batch = decode_batch(q_len)
     q = random_q(8 * q_len, heads, seed=8)
-    out = torch.full((8 * q_len, heads, 16), -7, dtype=torch.int32)
+    out = selection_out(8 * q_len, heads)
     res = ni.decode_indexer(q, batch.cache, batch.block_table, batch.seq_lens, q_len, out=out,
                             **REF)
     assert res is out
@@ -296,7 +297,7 @@ def test_prefill_out_buffer_poisoned_and_topk():
     batch, cu = prefill_batch(41)
     rows = int(cu[-1])
     q = random_q(rows, 2, 42)
-    out = torch.full((rows, 2, 16), -7, dtype=torch.int32)
+    out = selection_out(rows, 2)
     res = ni.prefill_indexer(q, batch.cache, batch.block_table, cu, batch.seq_lens, out=out,
                              max_gather_pages=32, **REF)
     assert res is out

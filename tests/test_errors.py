@@ -14,6 +14,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
+from conformance.fixtures import OUT_POISON, selection_out
 
 REF = {"backend": "reference"}
 NUM_BLOCKS = 6
@@ -35,7 +36,7 @@ class Setup:
         self.seq_lens = torch.tensor([300, 200], dtype=torch.int32)
         self.q_len = 2
         self.index_q = ni.encode_e4m3(torch.randn(4, 2, 128, generator=g), **REF)
-        self.out = torch.full((4, 2, 16), -7, dtype=torch.int32)
+        self.out = selection_out(4, 2)
         self.cu = torch.tensor([0, 3, 4], dtype=torch.int32)
         self.cs = torch.randn(64, 64, generator=g)
         self.pos = torch.arange(10, dtype=torch.int64)
@@ -329,7 +330,7 @@ def test_decode_indexer_errors(s):
                     torch.zeros(4, 16, 2, dtype=torch.int32).transpose(1, 2),
                     torch.empty(4, 2, 16, dtype=torch.int32, device="meta")):
         if bad_out.device.type != "meta":
-            bad_out.fill_(-7)
+            bad_out.fill_(OUT_POISON)
         expect(ValueError, "out", f, **s.decode_args(out=bad_out),
                watch=[s.cache] + ([bad_out] if bad_out.device.type != "meta" else []), **REF)
     expect(ValueError, "out", f, **s.decode_args(), topk=8, **w, **REF)

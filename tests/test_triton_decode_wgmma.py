@@ -36,6 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from nvfp4_indexer import reference as ref  # noqa: E402
 from nvfp4_indexer.triton import lut  # noqa: E402
+from conformance.fixtures import OUT_POISON
 
 WG = K["decode_wgmma"]
 
@@ -187,7 +188,7 @@ def test_gpu_wgmma_decode_graph_replays(num_splits):
                for s in lens]
         seq.copy_(torch.tensor(new, dtype=torch.int32))
         batch.seq_lens.copy_(seq)
-        out.fill_(-7)
+        out.fill_(OUT_POISON)
         graph.replay()
         torch.cuda.synchronize()
         assert_guards(big)
@@ -246,4 +247,4 @@ def test_decode_runner_refuses_an_empty_cache(dequant):
     with pytest.raises(ValueError, match="cache"):
         runner.run(q, ref.new_index_cache(0), bt, sl, out)
     assert_guards(big)
-    assert bool((out == -7).all())
+    assert bool((out == OUT_POISON).all())

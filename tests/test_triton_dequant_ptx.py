@@ -38,6 +38,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from nvfp4_indexer.triton import ptx  # noqa: E402
+from conformance.fixtures import selection_out
 
 HAS_CUDA = torch.cuda.is_available()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -563,7 +564,7 @@ def test_gpu_decode_modes_match_triton(mode, window):
     q = random_index_q(b * q_len, heads, dev, torch.Generator(device=dev).manual_seed(3))
     outs = {}
     for name, kw in (("base", {}), ("new", {"dequant": mode, "window": window})):
-        out = torch.full((b * q_len, heads, 16), -7, dtype=torch.int32, device=dev)
+        out = selection_out(b * q_len, heads, device=dev)
         decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev,
                             config=decode.DecodeConfig(**kw)).run(q, pool.cache, bt, sl, out)
         outs[name] = out
