@@ -1,0 +1,304 @@
+#!/usr/bin/env python
+"""Host time of ``Indexer.plan`` and of ``Indexer.forward``'s host side, per phase (issue 14).
+
+Steps as benchmarks/engine_suite.py ``engine_cases`` (H = 4, CUDA-graph sizes 1..256): decode-only
+batches of 1 / 8 / 64 / 256 requests, Q = 1 / 4, seq lens ``make_seq_lens`` around 8_000 / 32_000 /
+128_000; mixed steps of 64 or 256 decodes (Q = 1, ~32_000) + one or two prefill requests of
+2_048 / 8_192 new tokens on 0 / 32_768 / 131_072 cached tokens.
+
+Per step it prints
+  plan      median host wall clock of ``Indexer.plan`` (no sync inside; nothing wrapped)
+  phases    median per phase of plan (methods wrapped by perf_counter; the wrapped names that
+            exist in this checkout are used, the rest skipped; wrapping adds ~0.3 us a phase)
+  fwd       median host wall clock of ``Indexer.forward`` (GPU: the launches are enqueued, the
+            device is synced between samples, not inside; CPU: every Triton kernel is stubbed to
+            a no-op, so it is the Python host path only, without Triton's own launcher)
+  fwd phases  per phase of forward (validation, decode run, gather / score / merge launches)
+
+Usage (from a checkout, its venv):
+  CPU:  TRITON_INTERPRET=1 python -m benchmarks.labs.engine_hostprof [--all] [--backend triton]
+  GPU:  python -m benchmarks.labs.engine_hostprof --all          (device cuda, backend triton)
+  --profile NAME   cProfile plan (and forward) of the step NAME, top 25 by tottime
+  --launches       GPU: the device ops of one plan / forward (forward's include its plan's)
+  --repeats N      samples per median (default 50 on a GPU, 20 on the CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+import nvfp4_indexer as ni
+from nvfp4_indexer import engine as eng
+
+H = 4
+GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SEED = 1701
+
+
+def make_seq_lens(batch: int, nominal: int, seed: int = SEED) -> list[int]:
+    """benchmarks.workloads.make_seq_lens (MSA's), copied so the script stands alone."""
+    gen = torch.Generator().manual_seed(seed + batch * 1009 + nominal)
+    pairs = batch // 2
+    lo = max(1, nominal // 20)
+    hi = max(lo, nominal // 4)
+    deltas = torch.randint(lo, hi + 1, (pairs,), generator=gen, dtype=torch.int64)
+    parts = [nominal - deltas, nominal + deltas]
+    if batch % 2:
+        parts.append(torch.tensor([nominal], dtype=torch.int64))
+    values = torch.cat(parts)[torch.randperm(batch, generator=gen)]
+    return [int(v) for v in values]
+
+
+def cases(full: bool):
+    """(name, batch, Q, nominal, prefills)."""
+    out = []
+    for s in (8_000, 32_000, 128_000):
+        for q in (1, 4):
+            for b in (1, 8, 64, 256):
+                out.append((b, q, s, ()))
+    for b in (64, 256):
+        for n in (2_048, 8_192):
+            for c in (0, 32_768, 131_072):
+                out.append((b, 1, 32_000, ((n, c),)))
+                out.append((b, 1, 32_000, ((n, c), (n, c))))
+    named = []
+    for b, q, s, p in out:
+        name = f"b{b}_q{q}_s{s}" + "".join(f"+p{n}c{c}" for n, c in p)
+        named.append((name, b, q, s, p))
+    if full:
+        return named
+    keep = {"b8_q1_s32000", "b64_q4_s32000", "b256_q1_s32000", "b256_q4_s128000",
+            "b64_q1_s32000+p2048c32768", "b64_q1_s32000+p8192c131072+p8192c131072",
+            "b256_q1_s32000+p2048c0+p2048c0", "b256_q1_s32000+p8192c131072+p8192c131072"}
+    return [c for c in named if c[0] in keep]
+
+
+def build(case, dev, backend):
+    name, b, q, nominal, prefills = case
+    sl = make_seq_lens(b, nominal) + [n + c for n, c in prefills]
+    q_lens = [q] * b + [n for n, _ in prefills]
+    rows = sum(q_lens)
+    config = ni.IndexerConfig(H, max(sl), rows, b + len(prefills), max_decode_query_len=q,
+                              cudagraph_batch_sizes=GRAPH_SIZES, device=dev)
+    ix = ni.Indexer(config, backend=backend)
+    nblocks = 64  # forward's host path does not depend on the cache's contents
+    gen = torch.Generator().manual_seed(7)
+    bt = torch.randint(0, nblocks, (len(sl), config.max_pages), dtype=torch.int32,
+                       generator=gen).to(dev)
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    seq = torch.tensor(sl, dtype=torch.int32)
+    pin = dev.type == "cuda"
+    step = ni.StepMetadata(qsl.to(dev), qsl.pin_memory() if pin else qsl, seq.to(dev),
+                           seq.pin_memory() if pin else seq, bt, b)
+    cache = ni.new_index_cache(nblocks, device=dev)
+    index_q = torch.zeros((rows, H, 128), dtype=torch.float8_e4m3fn, device=dev)
+    out = torch.empty((rows, H, 16), dtype=torch.int32, device=dev)
+    return ix, step, cache, index_q, out
+
+
+class Phases:
+    """Wrap named callables with perf_counter accumulators (per call of the outer op)."""
+
+    def __init__(self):
+        self.acc = defaultdict(float)
+        self.samples = defaultdict(list)
+        self._undo = []
+
+    def wrap(self, owner, attr, label):
+        import inspect
+        fn = inspect.getattr_static(owner, attr, None)
+        if fn is None:
+            return
+        own = isinstance(owner, type) and attr in owner.__dict__ or not isinstance(owner, type)
+        if isinstance(fn, staticmethod):
+            raw = fn.__func__
+        else:
+            raw = getattr(owner, attr) if isinstance(owner, type) else fn
+        acc = self.acc
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return raw(*a, **kw)
+            finally:
+                acc[label] += time.perf_counter() - t0
+        setattr(owner, attr, staticmethod(timed) if isinstance(fn, staticmethod) else timed)
+        self._undo.append((owner, attr, fn if own else None))
+
+    def flush(self):
+        for k, t in self.acc.items():
+            self.samples[k].append(t * 1e6)
+        self.acc.clear()
+
+    def medians(self):
+        return {k: statistics.median(v) for k, v in self.samples.items()}
+
+    def undo(self):
+        for owner, attr, fn in reversed(self._undo):
+            if fn is None:
+                delattr(owner, attr)  # was inherited
+            else:
+                setattr(owner, attr, fn)
+        self._undo.clear()
+
+
+PLAN_PHASES = [  # (owner, attribute, label); missing ones are skipped
+    (eng.Indexer, "_check_step", "check_step"),
+    (eng.Indexer, "decoder", "decoder_lookup"),
+    (eng, "plan_prefill_chunks", "chunking"),
+    (eng.Indexer, "_plan_prefill", "prefill_plan"),
+    (eng.Indexer, "_plan_triton_chunks", "triton_chunks"),
+    (eng, "_row_blocks", "  row_blocks"),
+    (eng, "_prefill_launch", "  launch_params"),
+    (eng._HostPlannedDecodeWrapper, "plan_from_host", "decode_copies"),
+    (eng._Staging, "copy", "  h2d_copy"),
+]
+FWD_PHASES = [
+    (eng.Indexer, "_check_forward", "fwd_checks"),
+    (eng._HostPlannedDecodeWrapper, "run", "decode_run"),
+    (eng.Indexer, "_triton_chunk", "prefill_chunks"),
+    (eng.Indexer, "_reference_chunk", "prefill_chunks"),
+]
+
+
+def stub_kernels():
+    """CPU: every Triton kernel of the package a no-op (the host path alone)."""
+    import importlib
+    import pkgutil
+    import nvfp4_indexer.triton as pkg
+    n = 0
+    for m in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"nvfp4_indexer.triton.{m.name}")
+        for obj in vars(mod).values():
+            if type(obj).__name__ in ("InterpretedFunction", "JITFunction") and \
+                    hasattr(obj, "run"):
+                obj.run = lambda *a, **kw: None
+                n += 1
+    return n
+
+
+def timed_median(fn, repeats, sync):
+    s = []
+    for _ in range(repeats):
+        if sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        s.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(s), min(s)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--all", action="store_true",
+                   help="every engine_suite case (+ 256-decode mixed)")
+    p.add_argument("--backend", default=None, help="triton (default) or reference")
+    p.add_argument("--device", default=None)
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--profile", default=None, metavar="NAME")
+    p.add_argument("--no-forward", action="store_true")
+    p.add_argument("--launches", action="store_true",
+                   help="GPU: list the device ops (kernels, copies) of one plan and one forward")
+    a = p.parse_args()
+    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    backend = a.backend or "triton"
+    gpu = dev.type == "cuda"
+    if not gpu:  # one thread: intra-op thread pools on a shared CPU stall the copies
+        torch.set_num_threads(1)
+    repeats = a.repeats or (50 if gpu else 20)
+    if not gpu and backend == "triton":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            sys.exit("CPU with backend triton: run with TRITON_INTERPRET=1")
+        print(f"# {stub_kernels()} Triton kernels stubbed (CPU: host path only)")
+    print(f"# device {dev}, backend {backend}, repeats {repeats}, torch {torch.__version__}")
+    sel = cases(a.all)
+    if a.profile:
+        sel = [c for c in sel + cases(True) if c[0] == a.profile][:1]
+        if not sel:
+            sys.exit(f"no case {a.profile!r}")
+    for case in sel:
+        ix, step, cache, index_q, out = build(case, dev, backend)
+        md = ix.plan(step)  # first use: builds (compiles) the decode wrapper
+        if not a.no_forward:
+            ix.forward(index_q, cache, md, out)
+        if gpu:
+            torch.cuda.synchronize()
+        plan_med, plan_min = timed_median(lambda: ix.plan(step), repeats, gpu)
+        ph = Phases()
+        for owner, attr, label in PLAN_PHASES:
+            ph.wrap(owner, attr, label)
+        try:
+            for _ in range(repeats):
+                if gpu:
+                    torch.cuda.synchronize()
+                ix.plan(step)
+                ph.flush()
+        finally:
+            ph.undo()
+        pm = ph.medians()
+        line = (f"{case[0]:44s} plan {plan_med:7.1f} us (min {plan_min:6.1f}, "
+                f"{len(md.prefill_chunks)} chunks) | " +
+                " ".join(f"{k.strip()}={v:.1f}" for k, v in pm.items()))
+        print(line)
+        if not a.no_forward:
+            md = ix.plan(step)
+            f_med, f_min = timed_median(lambda: ix.forward(index_q, cache, md, out), repeats,
+                                        gpu)
+            fp = Phases()
+            for owner, attr, label in FWD_PHASES:
+                fp.wrap(owner, attr, label)
+            try:
+                for _ in range(repeats):
+                    if gpu:
+                        torch.cuda.synchronize()
+                    ix.forward(index_q, cache, md, out)
+                    fp.flush()
+            finally:
+                fp.undo()
+            fm = fp.medians()
+            print(f"{'':44s} fwd  {f_med:7.1f} us (min {f_min:6.1f}) | " +
+                  " ".join(f"{k}={v:.1f}" for k, v in fm.items()))
+        if a.launches and gpu:
+            from torch.profiler import ProfilerActivity, profile
+            for label, fn in (("plan", lambda: ix.plan(step)),
+                              ("forward", lambda: ix.forward(index_q, cache, ix.plan(step), out))):
+                if label == "forward" and a.no_forward:
+                    continue
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    fn()
+                    torch.cuda.synchronize()
+                dev_ops = [e.name for e in prof.events()
+                           if e.device_type == torch.autograd.DeviceType.CUDA]
+                print(f"{'':44s} {label} device ops ({len(dev_ops)}): " + ", ".join(
+                    n[:40] for n in dev_ops))
+        if a.profile:
+            for label, fn in (("plan", lambda: ix.plan(step)),
+                              ("forward", lambda: ix.forward(index_q, cache, md, out))):
+                if label == "forward" and a.no_forward:
+                    continue
+                md = ix.plan(step)
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(repeats):
+                    fn()
+                pr.disable()
+                print(f"# cProfile {label} x{repeats}")
+                pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        if gpu:
+            torch.cuda.synchronize()
+        del ix
+
+
+if __name__ == "__main__":
+    main()
