@@ -64,7 +64,8 @@ class DecodeConfig(_Config):
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
             ``heuristics.choose_num_splits``).
         window: pages scored between two top-k merges, a power of two with
-            ``window * BLOCK_M <= 4096`` (checked by the runner; default
+            ``window * BLOCK_M <= 4096`` (at most 256 here, BLOCK_M being >= 16; the
+            launch's BLOCK_M is checked by the runner; default
             ``heuristics.decode_window``); 1 inserts each page's candidate at once.
         num_warps: score-kernel warps, one of 1, 2, 4, 8, 16. num_stages: its pipeline
             stages, >= 1.
@@ -98,10 +99,12 @@ class DecodeConfig(_Config):
               programs_per_sm=dict(lo=1, optional=True),
               maxnreg=dict(lo=24, hi=255, optional=True),
               wgmma_min_pages=dict(lo=0, optional=True))
-        if self.window is not None:
+        if self.window is not None:  # BLOCK_M >= MIN_BLOCK_M: the runner checks the rest
             w = self.window
-            if not is_int(w) or w < 1 or int(w) & (int(w) - 1):
-                fail("window", "None or a power of two with window * BLOCK_M <= 4096", repr(w))
+            if not is_int(w) or w < 1 or int(w) & (int(w) - 1) \
+                    or w > hz.MAX_WINDOW_ELEMS // hz.MIN_BLOCK_M:
+                fail("window", f"None or a power of two with window * BLOCK_M <= "
+                               f"{hz.MAX_WINDOW_ELEMS}", repr(w))
             object.__setattr__(self, "window", int(w))
         if type(self.pdl) is not bool:
             fail("pdl", "a bool (True only on SM90+ CUDA GPUs)", repr(self.pdl))

@@ -19,6 +19,7 @@ PROGRAMS_PER_SM = 16  # split target: about this many score programs per SM
 MIN_PAGES_PER_SPLIT = 4  # at full block-table width, at least this many pages per split
 MAX_SPLITS = 256
 MAX_ROWS = 64  # Q * H rows a decode score program holds (BLOCK_M)
+MIN_BLOCK_M = 16  # smallest BLOCK_M of a row-block scorer (tl.dot's smallest M)
 WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 MAX_WINDOW_ELEMS = 4096  # window * BLOCK_M bound of the window scratch
@@ -68,13 +69,13 @@ def num_sms(device=None) -> int:
 
 def block_rows(query_len: int, num_heads: int) -> int:
     """Decode BLOCK_M: the request's Q*H query rows padded to a power of two >= 16."""
-    return max(16, next_pow2(query_len * num_heads))
+    return max(MIN_BLOCK_M, next_pow2(query_len * num_heads))
 
 
 def prefill_block_m(longest_q_len: int, num_heads: int, cap: int = PREFILL_MAX_BLOCK_M) -> int:
     """BLOCK_M of a row-block scorer (prefill; ``page_scores`` with ``SCORES_MAX_BLOCK_M``):
     the longest request's (token, head) rows as a power of two in 16..``cap``."""
-    return min(cap, max(16, next_pow2(longest_q_len * num_heads)))
+    return min(cap, max(MIN_BLOCK_M, next_pow2(longest_q_len * num_heads)))
 
 
 def _split_rule(programs: int, target: int, cap: int) -> int:
