@@ -136,7 +136,7 @@ def triton_score_bits(device="cpu") -> tuple[Any, str]:
     """(bits, source) of the Triton backend on ``device`` (SPEC 9's b).
 
     ``nvfp4_indexer.triton.decode.SCORE_ERROR_BITS`` is an int or a dict keyed by dot mode;
-    the mode the API uses on ``device`` is ``resolve_dot(None, device)`` ("fp32" in the
+    the mode the API uses on ``device`` is ``dot_modes.resolve_dot(None, device)`` ("fp32" in the
     interpreter / off CUDA, the GPU default dot mode on a GPU).
 
     Raises:
@@ -144,10 +144,11 @@ def triton_score_bits(device="cpu") -> tuple[Any, str]:
         KeyError: ``SCORE_ERROR_BITS`` documents no bound for that dot mode.
     """
     from nvfp4_indexer.triton import decode
+    from nvfp4_indexer.triton.dot_modes import resolve_dot
     bits = decode.SCORE_ERROR_BITS
     if not isinstance(bits, Mapping):
         return bits, "nvfp4_indexer.triton.decode.SCORE_ERROR_BITS"
-    key = decode.resolve_dot(None, torch.device(device))
+    key = resolve_dot(None, torch.device(device))
     return bits[key], f"nvfp4_indexer.triton.decode.SCORE_ERROR_BITS[{key!r}]"
 
 

@@ -2,9 +2,9 @@
 
 Two launches per run:
 
-1. Score kernel, grid ``(B, NUM_SPLITS)`` (the split rule of ``decode.choose_num_splits``).
+1. Score kernel, grid ``(B, NUM_SPLITS)`` (the split rule of ``heuristics.choose_num_splits``).
    Program (b, s) scores its share of request b's history pages ``j < n`` for the request's
-   ``N`` query rows (row n = i*H + h; N = ``decode.block_rows``) and writes the fp32 page
+   ``N`` query rows (row n = i*H + h; N = ``heuristics.block_rows``) and writes the fp32 page
    scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Per page: 9 KB of raw bytes loaded
    straight into registers in the layout of the wgmma A operand (each thread its own 16-byte
    code runs, one prefetched page ahead), table-lookup dequantization in registers
