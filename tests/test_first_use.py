@@ -226,3 +226,29 @@ def test_conformance_negative_seed_is_a_usage_error(capsys, tmp_path):
         err = capsys.readouterr().err
         assert "--seed" in err and "non-negative" in err and "Traceback" not in err
     assert not (tmp_path / "g").exists()
+
+
+def test_every_module_the_docs_run_answers_help():
+    """Each ``python -m MODULE`` the README and docs/ name exists and prints its usage for
+    ``--help`` (exit 0), GPU labs included (they check the GPU after parsing). One process:
+    runpy per module."""
+    import re
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    named = sorted({m for d in docs for m in re.findall(r"python -m ((?:benchmarks|conformance)"
+                                                         r"[\w.]*)", d.read_text())})
+    assert "benchmarks.labs.wgmma_variants" in named and "conformance" in named
+    code = ("import runpy, sys\n"
+            f"for m in {named!r}:\n"
+            "    sys.argv = [m, '--help']\n"
+            "    try:\n"
+            "        runpy.run_module(m, run_name='__main__', alter_sys=True)\n"
+            "        print('NOEXIT', m)\n"
+            "    except SystemExit as e:\n"
+            "        print('EXIT', e.code, m)\n")
+    r = _py(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = [line.split(" ", 2) for line in r.stdout.splitlines()
+               if line.startswith(("EXIT ", "NOEXIT "))]
+    assert [x[-1] for x in results] == named, r.stdout[-2000:]
+    bad = [x for x in results if x[:2] != ["EXIT", "0"]]
+    assert not bad, bad

@@ -15,6 +15,7 @@ launch per variant, for ``ncu``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -148,6 +149,39 @@ def make_launch(dev, nw, asyn, pps, sel_chunk, b, width, rows):
     return run, splits
 
 
+def _cases(text: str):
+    """argparse type: "all" (None: ``CASES``) or BATCH:NOMINAL,..."""
+    if text == "all":
+        return None
+    try:
+        return [(int(b), int(n)) for b, n in (c.split(":") for c in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or BATCH:NOMINAL,..., got {text!r}")
+
+
+def _variants(text: str):
+    """argparse type: comma-separated names of ``VARIANTS``."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {unknown}; "
+                                         f"known: {', '.join(VARIANTS)}")
+    return names
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.labs.wgmma_variants",
+        description="GPU lab: scheduling variants of the Gluon wgmma decode scorer (issue 13). "
+                    "Needs an SM90 GPU.")
+    p.add_argument("cases", nargs="?", type=_cases, default=None,
+                   help="'all' (default: the 6 large cases) or BATCH:NOMINAL,...")
+    p.add_argument("variants", nargs="?", type=_variants, default=None,
+                   help="comma-separated variants (default all; 'lib' always runs): "
+                        + ", ".join(VARIANTS))
+    return p.parse_args(argv)
+
+
 def main(argv=None) -> int:
     from benchmarks import workloads as wl
     from benchmarks.pool import PagePool, random_index_q
@@ -155,17 +189,14 @@ def main(argv=None) -> int:
     from nvfp4_indexer.triton import decode_wgmma as DW
     from nvfp4_indexer.triton.decode import DecodeRunner
     from nvfp4_indexer.triton.heuristics import block_rows
-    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("wgmma_variants: needs an SM90 GPU", flush=True)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
-    variants = dict(VARIANTS)
-    cases = CASES
-    if argv and argv[0] != "all":
-        cases = [tuple(int(x) for x in c.split(":")) for c in argv[0].split(",")]
-    if len(argv) > 1:
-        variants = {k: v for k, v in variants.items() if k == "lib" or k in argv[1].split(",")}
+    cases = args.cases or CASES
+    variants = {k: v for k, v in VARIANTS.items()
+                if k == "lib" or args.variants is None or k in args.variants}
     log(f"{torch.cuda.get_device_name(dev)} torch {torch.__version__} triton {triton.__version__}")
     copy = copy_ceiling(dev)["gbps"]
     l2 = l2_bytes(dev)
