@@ -13,11 +13,12 @@ selection order of SPEC 5, so a selection step is one ``tl.max``:
 slot); it sorts below every real candidate, NaN pages included (their low half is never 0).
 
 Scorers keep a running top-KEEP list per query row in registers, KEEP = min(16, next power of
-two >= the pages a split can score) (``keep_per_split``): a split with at most KEEP pages keeps
-all of them, and 16 >= 15 history slots otherwise, so the 15 best pages of a row are always
-among the union of the per-split lists. A list is updated per page (``topk_insert``) or, for
-long splits, once per window of buffered page scores (``window_buffer`` / ``merge_window`` /
-``topk_merge``, ``choose_window``). ``write_selection`` (used by the merge kernels and by
+two >= the pages a split can score) (``heuristics.keep_per_split``): a split with at most
+KEEP pages keeps all of them, and 16 >= 15 history slots otherwise, so the 15 best pages of a
+row are always among the union of the per-split lists. A list is updated per page
+(``topk_insert``) or, for long splits, once per window of buffered page scores
+(``window_buffer`` / ``merge_window`` / ``topk_merge``; the window size from
+``heuristics.choose_window``). ``write_selection`` (used by the merge kernels and by
 single-split scorers directly) picks the final 15 by 15 rounds of max-and-remove, skipped when
 every row is short.
 
