@@ -31,6 +31,10 @@ _F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
 _F32_INF_BITS = tl.constexpr(0x7F800000)
 _E4M3_MIN_NORMAL_BITS = tl.constexpr(0x3C800000)  # 2^-6, the smallest normal E4M3 magnitude
 _E4M3_MAX_BITS = tl.constexpr(0x43E00000)  # 448, the largest finite E4M3 magnitude
+_E2M1_MAX_BITS = tl.constexpr(0x40C00000)  # 6.0, the largest E2M1 magnitude
+_F32_ONE_BITS = tl.constexpr(0x3F800000)  # 1.0
+_F32_THREE_QUARTERS_BITS = tl.constexpr(0x3F400000)  # 0.75
+_F32_QUARTER_BITS = tl.constexpr(0x3E800000)  # 0.25
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,13 +158,22 @@ def div_ieee(x, y):
 def e2m1_encode(v):
     """E2M1 code (int32 0..15) of fp32 ``v`` already divided by its scale (SPEC 1.3 steps 3-4):
     round half to even on the grid, saturating at 6 (+-inf -> +-6); zero and NaN give code 0.
-    No clamp (a NaN must fail every comparison, and min/max could swallow it)."""
-    a = tl.abs(v)
-    mag = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) \
-        + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) \
-        + (a > 5.0).to(tl.int32)
-    neg = (v < 0.0) & (mag != 0)
-    return mag | (neg.to(tl.int32) << 3)
+
+    Integer bits of ``v`` (same codes as SPEC 1.3's seven comparisons for every fp32 pattern,
+    proved exhaustively in tests/test_triton_e2m1.py). With a = |v| as bits:
+    a >= 1.0: E2M1 there is fp32 with one mantissa bit, so round the pattern to nearest even
+    on bit 22 (a carry into the exponent is right) and saturate at 6.0's pattern; code =
+    (pattern >> 22) - 252 (1.0 -> 2, ..., 6.0 -> 7). 0.25 < a < 1: code 1, or 2 from 0.75 on
+    (0.25 ties to 0, 0.75 to 1.0, both even). Codes of a <= 0.25 and NaN (a > inf's pattern)
+    are 0, so the sign bit 8 is only set on nonzero magnitudes."""
+    b = v.to(tl.uint32, bitcast=True)
+    a = b & _F32_ABS_MASK
+    big = (tl.minimum(a + 0x1FFFFF + ((a >> 22) & 1), _E2M1_MAX_BITS) >> 22) - 252
+    mag = tl.where(a >= _F32_ONE_BITS, big, tl.where(a >= _F32_THREE_QUARTERS_BITS, 2, 1))
+    code = mag | ((b >> 28) & 8)
+    # 0.25 < a <= inf, one unsigned compare (the subtraction wraps for a <= 0.25).
+    nonzero = (a - (_F32_QUARTER_BITS + 1)) < (_F32_INF_BITS - _F32_QUARTER_BITS)
+    return tl.where(nonzero, code, 0).to(tl.int32)
 
 
 @triton.jit
