@@ -2,9 +2,11 @@
 (SPEC 3), one launch.
 
 Norm and rotation run in fp32 (a different reduction order than the float64 reference), so
-results may differ from the reference only within SPEC 3's band of a rounding threshold; the
-quantization of the fp32 vector is the shared bit-exact one (``nvfp4_quantize_pairs`` /
-``nvfp4_quantize_halves``, same bits).
+results may differ from the reference only within SPEC 3's band of a rounding threshold. The
+quantization multiplies by correctly rounded reciprocals instead of dividing
+(``nvfp4_quantize_pairs_fused`` / ``nvfp4_quantize_halves_fused``, same bits as each other;
+within 2^-23 relative of SPEC 1.3's quotients, far inside the band: see ``numerics``). The
+standalone quantize (``quantize.py``) keeps SPEC 1.3's IEEE divisions.
 The row is pre-scaled by an exact power of two (``norm_pow2_scale``) so its fp32 sum of
 squares cannot overflow.
 """
@@ -21,8 +23,8 @@ from .numerics import (
     device_guard,
     gemma_rstd,
     norm_pow2_scale,
-    nvfp4_quantize_halves,
-    nvfp4_quantize_pairs,
+    nvfp4_quantize_halves_fused,
+    nvfp4_quantize_pairs_fused,
     portable_default,
     rope_combine,
     rope_freq,
@@ -88,7 +90,7 @@ def _quantize_store(y_lo, y_hi, code_ptr, scale_ptr, ok, Q: tl.constexpr,
                     PORTABLE: tl.constexpr):
     """Quantize groups 2Q + p (halves ``y_lo`` / ``y_hi`` = tiles (Q, 0) / (Q, 1)) and store
     code bytes 8g + 4h + k at ``code_ptr [BT, 1, 1]``, scale bytes g at ``scale_ptr [BT, 1]``."""
-    c_lo, c_hi, sb = nvfp4_quantize_halves(y_lo, y_hi, PORTABLE)
+    c_lo, c_hi, sb = nvfp4_quantize_halves_fused(y_lo, y_hi, PORTABLE)
     p = tl.arange(0, 2)
     k = tl.arange(0, 4)[None, None, :]
     byte = (16 * Q + 8 * p)[None, :, None] + k
@@ -178,7 +180,7 @@ def _insert_index_k_kernel(x_ptr, x_row_stride, n_rows, pos_ptr, w_ptr, cs_ptr, 
         rstd = gemma_rstd(sumsq, scale, eps, 128)[:, None, None]
         ye = rope_combine(xe * rstd * we, xe_p * rstd * we_p, ce, se, de, ROT)
         yo = rope_combine(xo * rstd * wo, xo_p * rstd * wo_p, co, so, do, ROT)
-        codes, scales = nvfp4_quantize_pairs(ye, yo, PORTABLE)
+        codes, scales = nvfp4_quantize_pairs_fused(ye, yo, PORTABLE)
         store_nvfp4_tokens(cache_ptr, cache_ptr, slot_ptr, page_stride, t, row_ok, codes,
                            scales, True)
 

@@ -13,7 +13,9 @@ pass ``portable_default(device)`` unless a test overrides it.
 Names here are a stable interface (other kernel modules import them):
 ``e4m3_round``, ``e4m3_encode_bits``, ``e4m3_decode``, ``e2m1_encode``, ``e2m1_value``,
 ``nvfp4_dequant_e4m3``, ``nvfp4_dequant_e4m3_bits``, ``div_ieee``, ``nvfp4_scale``,
-``nvfp4_quantize_pairs``, ``nvfp4_quantize_halves``, ``norm_pow2_scale``, ``gemma_rstd``;
+``nvfp4_quantize_pairs``, ``nvfp4_quantize_halves``, ``nvfp4_scale_fused``,
+``nvfp4_quantize_pairs_fused``, ``nvfp4_quantize_halves_fused`` (fused insert only: SPEC 3's
+band, not bit-exact), ``norm_pow2_scale``, ``gemma_rstd``;
 Python: ``interpreting``, ``portable_default``, ``device_guard``.
 """
 
@@ -31,6 +33,10 @@ _F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
 _F32_INF_BITS = tl.constexpr(0x7F800000)
 _E4M3_MIN_NORMAL_BITS = tl.constexpr(0x3C800000)  # 2^-6, the smallest normal E4M3 magnitude
 _E4M3_MAX_BITS = tl.constexpr(0x43E00000)  # 448, the largest finite E4M3 magnitude
+_E2M1_MAX_BITS = tl.constexpr(0x40C00000)  # 6.0, the largest E2M1 magnitude
+_F32_ONE_BITS = tl.constexpr(0x3F800000)  # 1.0
+_F32_THREE_QUARTERS_BITS = tl.constexpr(0x3F400000)  # 0.75
+_F32_QUARTER_BITS = tl.constexpr(0x3E800000)  # 0.25
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,13 +160,22 @@ def div_ieee(x, y):
 def e2m1_encode(v):
     """E2M1 code (int32 0..15) of fp32 ``v`` already divided by its scale (SPEC 1.3 steps 3-4):
     round half to even on the grid, saturating at 6 (+-inf -> +-6); zero and NaN give code 0.
-    No clamp (a NaN must fail every comparison, and min/max could swallow it)."""
-    a = tl.abs(v)
-    mag = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) \
-        + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) \
-        + (a > 5.0).to(tl.int32)
-    neg = (v < 0.0) & (mag != 0)
-    return mag | (neg.to(tl.int32) << 3)
+
+    Integer bits of ``v`` (same codes as SPEC 1.3's seven comparisons for every fp32 pattern,
+    proved exhaustively in tests/test_triton_e2m1.py). With a = |v| as bits:
+    a >= 1.0: E2M1 there is fp32 with one mantissa bit, so round the pattern to nearest even
+    on bit 22 (a carry into the exponent is right) and saturate at 6.0's pattern; code =
+    (pattern >> 22) - 252 (1.0 -> 2, ..., 6.0 -> 7). 0.25 < a < 1: code 1, or 2 from 0.75 on
+    (0.25 ties to 0, 0.75 to 1.0, both even). Codes of a <= 0.25 and NaN (a > inf's pattern)
+    are 0, so the sign bit 8 is only set on nonzero magnitudes."""
+    b = v.to(tl.uint32, bitcast=True)
+    a = b & _F32_ABS_MASK
+    big = (tl.minimum(a + 0x1FFFFF + ((a >> 22) & 1), _E2M1_MAX_BITS) >> 22) - 252
+    mag = tl.where(a >= _F32_ONE_BITS, big, tl.where(a >= _F32_THREE_QUARTERS_BITS, 2, 1))
+    code = mag | ((b >> 28) & 8)
+    # 0.25 < a <= inf, one unsigned compare (the subtraction wraps for a <= 0.25).
+    nonzero = (a - (_F32_QUARTER_BITS + 1)) < (_F32_INF_BITS - _F32_QUARTER_BITS)
+    return tl.where(nonzero, code, 0).to(tl.int32)
 
 
 @triton.jit
@@ -233,6 +248,64 @@ def nvfp4_quantize_halves(x_lo, x_hi, PORTABLE: tl.constexpr):
     s3 = s[:, :, None]
     lo_e, lo_o = tl.split(tl.reshape(e2m1_encode(div_ieee(x_lo, s3)), (BT, G, 4, 2)))
     hi_e, hi_o = tl.split(tl.reshape(e2m1_encode(div_ieee(x_hi, s3)), (BT, G, 4, 2)))
+    return (lo_e | (lo_o << 4)).to(tl.uint8), (hi_e | (hi_o << 4)).to(tl.uint8), sb
+
+
+# --------------------------------------------------------------------------------------------
+# NVFP4 for the fused insert only (SPEC 3's band; NOT the bit-exact SPEC 1.3 quantization)
+# --------------------------------------------------------------------------------------------
+# A fused kernel's keys may differ from SPEC 1.3 of its fp32 vector where the exact value lies
+# within SPEC 3's band of a threshold (band >= 2^-16 |value|), so the two IEEE divisions of 1.3
+# become multiplies there:
+# - amax / 6 -> amax * fl(1/6) and v / s -> v * r with r = fl(1/s), one correctly rounded
+#   division per group. Each is (exact quotient) * (1 + d1)(1 + d2), |d1|, |d2| <= 2^-24, so
+#   |result - quotient| <= 2^-23 |quotient| (no underflow that matters: a subnormal product has
+#   code 0 either way; no overflow: |v| <= amax, so |v| r < 10 unless s = 448, r < 1). A
+#   scale byte or code can change only when the quotient lies within 2^-23 of its size of an
+#   E4M3 / E2M1 threshold, 2^-7 of the band (and inside ``conformance.judges``' fp32 slack).
+# - inf * r = inf and NaN * r = NaN, as the divisions give.
+# These are single fp32 roundings (FMUL, div.rn), so the Triton interpreter (numpy fp32) gives
+# the GPU's bits for the same input vector: CPU tests of them are meaningful.
+
+_F32_SIXTH = tl.constexpr(0.1666666716337204)  # fl32(1/6), exactly representable
+
+
+@triton.jit
+def nvfp4_scale_fused(amax, PORTABLE: tl.constexpr):
+    """``nvfp4_scale`` with ``amax * fl(1/6)`` for the division (fused insert only, SPEC 3).
+    Returns ``(scale byte uint8, reciprocal fl(1 / scale) fp32)``; 2^-9 <= scale <= 448."""
+    sb = e4m3_encode_bits(tl.maximum(amax, 1e-12) * _F32_SIXTH, PORTABLE)
+    sb = tl.where(sb == 0, 1, sb).to(tl.uint8)
+    return sb, div_ieee(1.0, e4m3_decode(sb))
+
+
+@triton.jit
+def nvfp4_quantize_pairs_fused(x_even, x_odd, PORTABLE: tl.constexpr):
+    """``nvfp4_quantize_pairs`` (same tiles and outputs) with the reciprocal multiplies above:
+    fused insert only; equal to SPEC 1.3 up to SPEC 3's band."""
+    ae = tl.where(x_even == x_even, tl.abs(x_even), 0.0)  # NaN elements do not count
+    ao = tl.where(x_odd == x_odd, tl.abs(x_odd), 0.0)
+    amax = tl.maximum(tl.max(ae, axis=2), tl.max(ao, axis=2))
+    sb, r = nvfp4_scale_fused(amax, PORTABLE)
+    r3 = r[:, :, None]
+    ce = e2m1_encode(x_even * r3)
+    co = e2m1_encode(x_odd * r3)
+    return (ce | (co << 4)).to(tl.uint8), sb
+
+
+@triton.jit
+def nvfp4_quantize_halves_fused(x_lo, x_hi, PORTABLE: tl.constexpr):
+    """``nvfp4_quantize_halves`` (same tiles and outputs) with the reciprocal multiplies above:
+    fused insert only; equal to SPEC 1.3 up to SPEC 3's band."""
+    BT: tl.constexpr = x_lo.shape[0]
+    G: tl.constexpr = x_lo.shape[1]
+    alo = tl.where(x_lo == x_lo, tl.abs(x_lo), 0.0)  # NaN elements do not count
+    ahi = tl.where(x_hi == x_hi, tl.abs(x_hi), 0.0)
+    amax = tl.max(tl.maximum(alo, ahi), axis=2)
+    sb, r = nvfp4_scale_fused(amax, PORTABLE)
+    r3 = r[:, :, None]
+    lo_e, lo_o = tl.split(tl.reshape(e2m1_encode(x_lo * r3), (BT, G, 4, 2)))
+    hi_e, hi_o = tl.split(tl.reshape(e2m1_encode(x_hi * r3), (BT, G, 4, 2)))
     return (lo_e | (lo_o << 4)).to(tl.uint8), (hi_e | (hi_o << 4)).to(tl.uint8), sb
 
 
