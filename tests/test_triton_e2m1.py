@@ -3,8 +3,9 @@
 ``numerics.e2m1_encode`` works on the fp32 bits; it must give SPEC 1.3's seven-comparison
 codes for every fp32 pattern. Checked against the reference ``formats.e2m1_encode`` and the
 comparison form written in Triton here, on every pattern within 2^12 ulps of each decision
-point (and of 1, 2, 4, 6), NaN / inf / zeros and 10^6 random patterns. (All 2^32 patterns were
-checked once the same way; see the commit message of the encoder.)
+point (and of 0, 0.5, 1, 1.5, 2, 3, 4, 6), NaN / inf and 10^6 random patterns. Both forms
+are non-decreasing step functions of |v| (sign apart) that step only at those points (the bit
+form's add-and-shift exactly at the RNE midpoints), so this covers every finite pattern.
 
 ``nvfp4_quantize_halves_fused`` / ``_pairs_fused`` (fused insert only) multiply by fl(1/s)
 where SPEC 1.3 divides: their bytes may differ from the exact ones only where
