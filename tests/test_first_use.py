@@ -236,7 +236,7 @@ def test_every_module_the_docs_run_answers_help():
     docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     named = sorted({m for d in docs for m in re.findall(r"python -m ((?:benchmarks|conformance)"
                                                          r"[\w.]*)", d.read_text())})
-    assert "benchmarks.labs.wgmma_variants" in named and "conformance" in named
+    assert "benchmarks.labs.dequant_lab" in named and "conformance" in named
     code = ("import runpy, sys\n"
             f"for m in {named!r}:\n"
             "    sys.argv = [m, '--help']\n"

@@ -45,18 +45,10 @@ GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEED = 1701
 
 
-def make_seq_lens(batch: int, nominal: int, seed: int = SEED) -> list[int]:
-    """benchmarks.workloads.make_seq_lens (MSA's), copied so the script stands alone."""
-    gen = torch.Generator().manual_seed(seed + batch * 1009 + nominal)
-    pairs = batch // 2
-    lo = max(1, nominal // 20)
-    hi = max(lo, nominal // 4)
-    deltas = torch.randint(lo, hi + 1, (pairs,), generator=gen, dtype=torch.int64)
-    parts = [nominal - deltas, nominal + deltas]
-    if batch % 2:
-        parts.append(torch.tensor([nominal], dtype=torch.int64))
-    values = torch.cat(parts)[torch.randperm(batch, generator=gen)]
-    return [int(v) for v in values]
+def make_seq_lens(batch: int, nominal: int) -> list[int]:
+    """The decode suite's seq lens (``benchmarks.workloads.make_seq_lens``, seed 1701)."""
+    from benchmarks.workloads import make_seq_lens as suite_seq_lens
+    return suite_seq_lens(batch, nominal, 1, seed=SEED)
 
 
 def cases(full: bool):
@@ -198,6 +190,23 @@ def timed_median(fn, repeats, sync):
     return statistics.median(s), min(s)
 
 
+def phase_medians(spec, fn, repeats: int, gpu: bool) -> dict:
+    """Median host time per phase of ``repeats`` calls of ``fn`` with the methods ``spec``
+    ((owner, attribute, label) triples) wrapped by ``Phases``; the device synced between calls."""
+    ph = Phases()
+    for owner, attr, label in spec:
+        ph.wrap(owner, attr, label)
+    try:
+        for _ in range(repeats):
+            if gpu:
+                torch.cuda.synchronize()
+            fn()
+            ph.flush()
+    finally:
+        ph.undo()
+    return ph.medians()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--all", action="store_true",
@@ -234,18 +243,7 @@ def main():
         if gpu:
             torch.cuda.synchronize()
         plan_med, plan_min = timed_median(lambda: ix.plan(step), repeats, gpu)
-        ph = Phases()
-        for owner, attr, label in PLAN_PHASES:
-            ph.wrap(owner, attr, label)
-        try:
-            for _ in range(repeats):
-                if gpu:
-                    torch.cuda.synchronize()
-                ix.plan(step)
-                ph.flush()
-        finally:
-            ph.undo()
-        pm = ph.medians()
+        pm = phase_medians(PLAN_PHASES, lambda: ix.plan(step), repeats, gpu)
         line = (f"{case[0]:44s} plan {plan_med:7.1f} us (min {plan_min:6.1f}, "
                 f"{len(md.prefill_chunks)} chunks) | " +
                 " ".join(f"{k.strip()}={v:.1f}" for k, v in pm.items()))
@@ -254,18 +252,8 @@ def main():
             md = ix.plan(step)
             f_med, f_min = timed_median(lambda: ix.forward(index_q, cache, md, out), repeats,
                                         gpu)
-            fp = Phases()
-            for owner, attr, label in FWD_PHASES:
-                fp.wrap(owner, attr, label)
-            try:
-                for _ in range(repeats):
-                    if gpu:
-                        torch.cuda.synchronize()
-                    ix.forward(index_q, cache, md, out)
-                    fp.flush()
-            finally:
-                fp.undo()
-            fm = fp.medians()
+            fm = phase_medians(FWD_PHASES, lambda: ix.forward(index_q, cache, md, out),
+                               repeats, gpu)
             print(f"{'':44s} fwd  {f_med:7.1f} us (min {f_min:6.1f}) | " +
                   " ".join(f"{k}={v:.1f}" for k, v in fm.items()))
         if a.launches and gpu:

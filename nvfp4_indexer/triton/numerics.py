@@ -215,7 +215,7 @@ def nvfp4_scale(amax, PORTABLE: tl.constexpr):
 
 
 @triton.jit
-def nvfp4_quantize_pairs(x_even, x_odd, PORTABLE: tl.constexpr):
+def nvfp4_quantize_pairs(x_even, x_odd, PORTABLE: tl.constexpr, FUSED: tl.constexpr = False):
     """NVFP4-quantize tokens given as two fp32 tiles ``[BT, 8, 8]``: element [t, g, j] of
     ``x_even`` / ``x_odd`` is dim 16g + 2j / 16g + 2j + 1 of token t (SPEC 1.3).
 
@@ -224,15 +224,19 @@ def nvfp4_quantize_pairs(x_even, x_odd, PORTABLE: tl.constexpr):
     ae = tl.where(x_even == x_even, tl.abs(x_even), 0.0)  # NaN elements do not count
     ao = tl.where(x_odd == x_odd, tl.abs(x_odd), 0.0)
     amax = tl.maximum(tl.max(ae, axis=2), tl.max(ao, axis=2))
-    sb, s = nvfp4_scale(amax, PORTABLE)
-    s3 = s[:, :, None]
-    ce = e2m1_encode(div_ieee(x_even, s3))  # true IEEE division, not a reciprocal multiply
-    co = e2m1_encode(div_ieee(x_odd, s3))
+    if FUSED:  # reciprocal multiplies (fused insert only, see nvfp4_scale_fused)
+        sb, r = nvfp4_scale_fused(amax, PORTABLE)
+        ce = e2m1_encode(x_even * r[:, :, None])
+        co = e2m1_encode(x_odd * r[:, :, None])
+    else:  # true IEEE division, not a reciprocal multiply (SPEC 1.3, bit-exact)
+        sb, s = nvfp4_scale(amax, PORTABLE)
+        ce = e2m1_encode(div_ieee(x_even, s[:, :, None]))
+        co = e2m1_encode(div_ieee(x_odd, s[:, :, None]))
     return (ce | (co << 4)).to(tl.uint8), sb
 
 
 @triton.jit
-def nvfp4_quantize_halves(x_lo, x_hi, PORTABLE: tl.constexpr):
+def nvfp4_quantize_halves(x_lo, x_hi, PORTABLE: tl.constexpr, FUSED: tl.constexpr = False):
     """``nvfp4_quantize_pairs`` (same bits, SPEC 1.3) for groups given as two fp32 tiles
     ``[BT, G, 8]`` of contiguous dims: element [t, g, i] of ``x_lo`` / ``x_hi`` is dim i /
     8 + i of group g. Keeps a group's 16 values in one thread when the tiles do.
@@ -244,10 +248,16 @@ def nvfp4_quantize_halves(x_lo, x_hi, PORTABLE: tl.constexpr):
     alo = tl.where(x_lo == x_lo, tl.abs(x_lo), 0.0)  # NaN elements do not count
     ahi = tl.where(x_hi == x_hi, tl.abs(x_hi), 0.0)
     amax = tl.max(tl.maximum(alo, ahi), axis=2)
-    sb, s = nvfp4_scale(amax, PORTABLE)
-    s3 = s[:, :, None]
-    lo_e, lo_o = tl.split(tl.reshape(e2m1_encode(div_ieee(x_lo, s3)), (BT, G, 4, 2)))
-    hi_e, hi_o = tl.split(tl.reshape(e2m1_encode(div_ieee(x_hi, s3)), (BT, G, 4, 2)))
+    if FUSED:  # reciprocal multiplies (fused insert only, see nvfp4_scale_fused)
+        sb, r = nvfp4_scale_fused(amax, PORTABLE)
+        q_lo = x_lo * r[:, :, None]
+        q_hi = x_hi * r[:, :, None]
+    else:
+        sb, s = nvfp4_scale(amax, PORTABLE)
+        q_lo = div_ieee(x_lo, s[:, :, None])
+        q_hi = div_ieee(x_hi, s[:, :, None])
+    lo_e, lo_o = tl.split(tl.reshape(e2m1_encode(q_lo), (BT, G, 4, 2)))
+    hi_e, hi_o = tl.split(tl.reshape(e2m1_encode(q_hi), (BT, G, 4, 2)))
     return (lo_e | (lo_o << 4)).to(tl.uint8), (hi_e | (hi_o << 4)).to(tl.uint8), sb
 
 
@@ -283,30 +293,14 @@ def nvfp4_scale_fused(amax, PORTABLE: tl.constexpr):
 def nvfp4_quantize_pairs_fused(x_even, x_odd, PORTABLE: tl.constexpr):
     """``nvfp4_quantize_pairs`` (same tiles and outputs) with the reciprocal multiplies above:
     fused insert only; equal to SPEC 1.3 up to SPEC 3's band."""
-    ae = tl.where(x_even == x_even, tl.abs(x_even), 0.0)  # NaN elements do not count
-    ao = tl.where(x_odd == x_odd, tl.abs(x_odd), 0.0)
-    amax = tl.maximum(tl.max(ae, axis=2), tl.max(ao, axis=2))
-    sb, r = nvfp4_scale_fused(amax, PORTABLE)
-    r3 = r[:, :, None]
-    ce = e2m1_encode(x_even * r3)
-    co = e2m1_encode(x_odd * r3)
-    return (ce | (co << 4)).to(tl.uint8), sb
+    return nvfp4_quantize_pairs(x_even, x_odd, PORTABLE, True)
 
 
 @triton.jit
 def nvfp4_quantize_halves_fused(x_lo, x_hi, PORTABLE: tl.constexpr):
     """``nvfp4_quantize_halves`` (same tiles and outputs) with the reciprocal multiplies above:
     fused insert only; equal to SPEC 1.3 up to SPEC 3's band."""
-    BT: tl.constexpr = x_lo.shape[0]
-    G: tl.constexpr = x_lo.shape[1]
-    alo = tl.where(x_lo == x_lo, tl.abs(x_lo), 0.0)  # NaN elements do not count
-    ahi = tl.where(x_hi == x_hi, tl.abs(x_hi), 0.0)
-    amax = tl.max(tl.maximum(alo, ahi), axis=2)
-    sb, r = nvfp4_scale_fused(amax, PORTABLE)
-    r3 = r[:, :, None]
-    lo_e, lo_o = tl.split(tl.reshape(e2m1_encode(x_lo * r3), (BT, G, 4, 2)))
-    hi_e, hi_o = tl.split(tl.reshape(e2m1_encode(x_hi * r3), (BT, G, 4, 2)))
-    return (lo_e | (lo_o << 4)).to(tl.uint8), (hi_e | (hi_o << 4)).to(tl.uint8), sb
+    return nvfp4_quantize_halves(x_lo, x_hi, PORTABLE, True)
 
 
 # --------------------------------------------------------------------------------------------
