@@ -122,6 +122,45 @@ def test_decode_lut_twin_matches_reference(q_len, heads, num_splits):
     decode_check(batch, q, q_len, out, runner.error_bits, aliases)
 
 
+def _select_scores(width: int, seed: int) -> torch.Tensor:
+    """fp32 page scores ``[B=7, N=16, W]`` for the select kernel's residue-class rounds:
+    random, coarse values (exact ties by id, across and within classes), one residue class
+    j % 16 far below the rest (a class that never wins), NaN / +-0.0 / +-inf pages."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(7, 16, width, generator=g)
+    s[1] = torch.randint(0, 4, (16, width), generator=g).float()  # ties everywhere
+    s[2, :, 3::16] = -1e30  # a class that never wins a round
+    s[3, :, ::7] = float("nan")
+    s[3, :, 1::11] = -0.0
+    s[3, :, 2::13] = 0.0
+    s[4, :, ::5] = float("inf")
+    s[4, :, 1::9] = float("-inf")
+    s[4, 3] = float("nan")  # a row of NaN pages only
+    return s
+
+
+@pytest.mark.parametrize("width", [40, 300, 2100])
+def test_select_kernel_matches_reference(width):
+    """The select kernel (page scores -> SPEC 5 rows) equals the reference selection on the
+    same scores bit for bit: first pass in one chunk and in three (1024, 1024, 51 pages),
+    classes of 3 / 19 / 132 pages (one and two reload steps of 128), ties, NaN, +-0.0, +-inf,
+    rows of L = 16 / 17, short rows and padding rows; nothing written outside ``out``."""
+    q_len, heads, rows, b = 2, 4, 16, 7
+    scores = _select_scores(width, seed=width)
+    seq_lens = torch.tensor([width * 128, (width - 1) * 128 + 64, width * 128, width * 128 - 1,
+                             17 * 128 + 1, 130, 0], dtype=torch.int32).clamp(max=width * 128)
+    buf = torch.full((WG.scratch_elems(b, width, rows),), float("nan"))
+    buf[:b * rows * width] = scores.reshape(-1)
+    big, out = poisoned_out(b * q_len, heads)
+    WG.select(buf.to(DEV), seq_lens.to(DEV), out, width=width, query_len=q_len,
+              num_heads=heads, rows=rows)
+    assert_guards(big)
+    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len)[None, :]  # [B, Q]
+    local = torch.where(pos >= 0, pos // 128, -1).reshape(-1)
+    per_row = scores[:, :q_len * heads].reshape(b * q_len, heads, width)
+    assert torch.equal(out.cpu(), ref.select_pages(per_row, local))
+
+
 def test_decode_lut_spec10_clamps():
     """SPEC 10: block ids outside the cache and seq_lens past the table width (metadata edited
     after planning) never read outside the cache or the table row: output ids stay in [0, W)

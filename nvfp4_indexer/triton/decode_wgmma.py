@@ -12,9 +12,11 @@ Two launches per run:
    against the query held in shared memory for all pages (fp16 operands, fp32 accumulation:
    the error bound of dot mode "fp16", SPEC 9 b = 15), and the NaN-skipping max over tokens.
    Nothing but the query goes through shared memory.
-2. Select kernel (plain Triton), grid ``(B, Q*H)``: one row per program reads the row's page
-   scores ``j < L`` in chunks and keeps the top 15 (``topk.topk_merge``), then writes the
-   SPEC 5 output (``topk.write_selection``; short rows by formula, padding rows per SPEC 5).
+2. Select kernel (plain Triton), grid ``(B, Q*H)``: one row per program. One pass over the
+   row's page scores ``j < L`` keeps the largest packed candidate (``topk.pack_candidate``)
+   of each residue class ``j % 16``; then 15 rounds each take the largest class maximum and
+   replace it by the next candidate of that class (a reload of ~L/16 scores), so a round
+   costs L/16 elements, not L. Short rows by formula, padding rows per SPEC 5.
 
 Dim order: any permutation of the 128 dims applied to both q and K leaves every dot product
 unchanged. The A tile's column c holds physical dim ``phys_dim(c)``, the order in which the
@@ -39,14 +41,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, local_page,
+from .layout import (CODE_BYTES, GROUPS, HEAD, HISTORY, PAGE, SCALES_OFFSET, local_page,
                      num_history_pages, scored_pages, split_range)
 from .lut import lut_dequant_portable, lut_table
 from .numerics import e4m3_decode
 from .scoring import page_max
-from .topk import empty_topk, pack_candidate, topk_merge, write_selection, EMPTY
+from .topk import EMPTY, candidate_id, pack_candidate
 
-SELECT_CHUNK = 1024  # pages a select program merges per step
+SELECT_CHUNK = 1024  # pages per step of a select program's first pass
+SELECT_GROUP = 128  # pages of one residue class a select round reloads per step
 SELECT_WARPS = 1  # one warp per row: each selection round stays inside the warp
 
 
@@ -89,9 +92,26 @@ def scratch_elems(num_reqs: int, width: int, rows: int) -> int:
 # Select kernel (plain Triton: GPU and interpreter)
 # --------------------------------------------------------------------------------------------
 
+@triton.jit
+def _class_max(row_scores, g, local, below, r0, GROUP: tl.constexpr):
+    """Largest packed candidate < ``below`` among pages ``j = g + 16 r``, r in
+    ``[r0, r0 + GROUP)``, ``j < local`` (EMPTY if none): ``row_scores`` is the row's fp32
+    page-score row."""
+    jj = g + 16 * (r0 + tl.arange(0, GROUP))
+    ok = jj < local
+    s = tl.load(row_scores + jj, mask=ok, other=0.0)
+    key = pack_candidate(s, jj)
+    return tl.max(tl.where(ok & (key < below), key, EMPTY), 0)
+
+
 @triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
 def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
-                   H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr):
+                   H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr,
+                   GROUP: tl.constexpr):
+    # The row's history pages in 16 residue classes j % 16, each class's largest candidate
+    # in cmax (one pass over the row). A round takes the largest class maximum (the best
+    # page not yet taken: keys are distinct and taken in descending order) and replaces it
+    # by the largest candidate of that class below it (a reload of ~L/16 scores, L1-hot).
     b = tl.program_id(0)
     m = tl.program_id(1)  # row i*H + h of request b
     i = m // H
@@ -100,16 +120,30 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
     p = seq_len - Q + i
     local = local_page(p)  # padding rows (p < 0) select like L = 0
     row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
-    top = empty_topk(1, 16)
-    for c0 in range(0, scored_pages(local), CHUNK):  # short rows: by formula
-        jj = c0 + tl.arange(0, CHUNK)
-        ok = jj < local
-        s = tl.load(row_scores + jj, mask=ok, other=0.0)
-        keys = tl.where(ok, pack_candidate(s, jj), EMPTY)
-        top = topk_merge(top, keys[None, :])
-    one = tl.zeros([1], tl.int32)
+    cls = tl.arange(0, 16)
+    slot = tl.arange(0, 16)
+    res = tl.where(slot <= local, slot, -1)  # L <= 15 (padding rows: L = 0), per SPEC 5
+    if local > HISTORY:
+        cmax = tl.full([16], EMPTY, tl.int64)
+        for c0 in range(0, local, CHUNK):
+            jj = c0 + tl.arange(0, CHUNK)
+            ok = jj < local
+            s = tl.load(row_scores + jj, mask=ok, other=0.0)
+            keys = tl.where(ok, pack_candidate(s, jj), EMPTY)
+            cmax = tl.maximum(cmax, tl.max(tl.reshape(keys, [CHUNK // 16, 16]), 0))
+        per_class = (local + 15) // 16
+        for k in range(HISTORY):
+            best = tl.max(cmax, 0)
+            page = candidate_id(best)
+            res = tl.where(slot == k, page, res)
+            g = page % 16
+            nxt = tl.full([], EMPTY, tl.int64)
+            for r0 in range(0, per_class, GROUP):
+                nxt = tl.maximum(nxt, _class_max(row_scores, g, local, best, r0, GROUP))
+            cmax = tl.where(cls == g, nxt, cmax)
+        res = tl.where(slot == HISTORY, local, res)
     row = (b * Q + i).to(tl.int64)
-    write_selection(top, local + one, out_ptr + (row * H + h) * 16 + one, one == 0)
+    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,7 +209,8 @@ def gluon_layouts(rows: int, num_warps: int = 4):
 
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
-           query_len: int, num_heads: int, rows: int, num_splits: int) -> None:
+           query_len: int, num_heads: int, rows: int, num_splits: int,
+           maxnreg: int | None = None) -> None:
     """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
     least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "wgmma" (Gluon, SM90) or "lut"
     (the plain-Triton twin). Shapes are the caller's (``decode.DecodeRunner``) to check."""
@@ -190,13 +225,25 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
                                  num_blocks, block_table, block_table.stride(0), width,
                                  seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
                                  NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
-                                 num_warps=4)
+                                 num_warps=4,
+                                 **({} if maxnreg is None else {"maxnreg": maxnreg}))
     else:
         _portable_score_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,
             block_table.stride(0), width, seq_lens, table.view(torch.uint8), scores,
             Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits, num_warps=4)
+    select(scores, seq_lens, out, width=width, query_len=query_len, num_heads=num_heads,
+           rows=rows)
+
+
+def select(scores, seq_lens, out, *, width: int, query_len: int, num_heads: int,
+           rows: int) -> None:
+    """The select kernel alone (``launch``'s second step; tests): the SPEC 5 output ``out``
+    ``[B*Q, H, 16]`` from the page scores in ``scores`` viewed as ``[B, N, W]`` (row
+    n = i*H + h; entries ``j < L`` read)."""
+    b = seq_lens.shape[0]
     chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
+    group = min(SELECT_GROUP, max(32, triton.next_power_of_2(triton.cdiv(width, 16))))
     _select_kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len,
-                                               H=num_heads, N=rows, CHUNK=chunk,
+                                               H=num_heads, N=rows, CHUNK=chunk, GROUP=group,
                                                num_warps=SELECT_WARPS)

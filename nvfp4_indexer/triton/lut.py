@@ -13,11 +13,13 @@ value's fp16 bits are then ``(T[s][c & 7] << 7) | ((c >> 3) ^ (s >> 7)) << 15``.
 Two implementations of that formula:
 
 - ``LUT_ASM`` (GPU): one group of 16 codes (an int64: dims 16G .. 16G+15, two 32-bit words)
-  and its table entry -> eight f16x2 registers, 17 integer instructions per word of 8 codes
-  (4 of them shifts the compiler puts on the FMA pipe), plus 3 per group: the scale's sign
-  is xor-ed into the code sign bits, two byte permutes (``prmt``) look up 4 magnitudes each in the
-  table row, two more per output pair place a magnitude byte and its sign bit, a shift moves
-  them onto fp16 bits 7..15. Output pair p of a word holds its nibbles ``PAIR_NIBBLES[p]``.
+  and its table entry -> eight f16x2 registers, 16 integer instructions per word of 8 codes
+  (4 of them shifts the compiler puts on the FMA pipe), plus 1 per group (the scale's sign
+  spread to a mask): two byte permutes (``prmt``) look up 4 magnitudes each in the table row,
+  the code sign bits are gathered one per byte with the scale's sign xor-ed in (a shift and a
+  ``lop3`` per 4 signs), two more per output pair place a magnitude byte and its sign bit, a
+  shift moves them onto fp16 bits 7..15. Output pair p of a word holds its nibbles
+  ``PAIR_NIBBLES[p]``.
 - ``lut_dequant_portable`` (any backend, the interpreter included): the same formula with
   Triton gathers and integer ops; the CPU tests check it against the reference for all 16
   codes x 256 scale bytes, and the GPU tests check ``LUT_ASM`` the same way.
@@ -82,9 +84,9 @@ shr.u32 xh, x, 16;                   // indices of nibbles 4..7 in the low half
 prmt.b32 rl, tl, th, x;              // rl = [T(n0) T(n1) T(n2) T(n3)]
 prmt.b32 rh, tl, th, xh;             // rh = [T(n4) T(n5) T(n6) T(n7)]
 shr.u32 so, {word}, 7;
-and.b32 so, so, 0x01010101;          // byte k = sign of nibble 2k+1
+lop3.b32 so, so, sm, 0x01010101, 0x28;  // (so ^ sm) & 0x0101..: byte k = sign of value 2k+1
 shr.u32 se, {word}, 3;
-and.b32 se, se, 0x01010101;          // byte k = sign of nibble 2k
+lop3.b32 se, se, sm, 0x01010101, 0x28;  // byte k = sign of value 2k
 prmt.b32 p, rl, se, 0x5240;          // [T(n0) s0 T(n2) s2]
 shl.b32 {a}, p, 7;                   // -> f16x2 (n0, n2)
 prmt.b32 p, rl, so, 0x5341;          // [T(n1) s1 T(n3) s3]
@@ -104,8 +106,6 @@ LUT_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, so, se, p, tl, th, sm;\n"
            "mov.b64 {wl, wh}, $8;\n"
            "mov.b64 {tl, th}, $9;               // the scale's 8 magnitude bytes\n"
            "prmt.b32 sm, $10, 0, 0x8888;        // all ones for a negative scale byte, else 0\n"
-           "lop3.b32 wl, wl, sm, 0x88888888, 0x78;  // wl ^= sm & 0x88..: flip the code signs\n"
-           "lop3.b32 wh, wh, sm, 0x88888888, 0x78;\n"
            + _lut_word_asm("wl", 0) + _lut_word_asm("wh", 4) + "}")
 LUT_CONSTRAINTS = "=r,=r,=r,=r,=r,=r,=r,=r,l,l,r"
 _ASM_C = tl.constexpr(LUT_ASM)

@@ -117,14 +117,19 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
             sb = sb_n
             codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row, gl.minimum(j + 1, end - 1),
                                        num_blocks, page_stride8, off64, sc_off)
-            c_lo, c_hi = gl.split(codes)
-            s_lo, s_hi = gl.split(sb)
-            s_lo = s_lo.to(gl.int32)
-            s_hi = s_hi.to(gl.int32)
-            # both halves' table entries (L1-resident 2 KB table) before the first lookup
-            r_lo = gl.load(tbl_ptr + s_lo)
-            r_hi = gl.load(tbl_ptr + s_hi)
-            acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L), q_lo, zero,
-                                use_acc=False)
-            acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L), q_hi, acc)
-            gl.store(out_base + j + out_off, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
+            _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_base + j + out_off, A_L)
+
+
+@gluon.jit
+def _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_ptrs, A_L: gl.constexpr):
+    """One page: both K halves' lookup and MMA, the max over tokens stored at ``out_ptrs``."""
+    c_lo, c_hi = gl.split(codes)
+    s_lo, s_hi = gl.split(sb)
+    s_lo = s_lo.to(gl.int32)
+    s_hi = s_hi.to(gl.int32)
+    # both halves' table entries (L1-resident 2 KB table) before the first lookup
+    r_lo = gl.load(tbl_ptr + s_lo)
+    r_hi = gl.load(tbl_ptr + s_hi)
+    acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L), q_lo, zero, use_acc=False)
+    acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L), q_hi, acc)
+    gl.store(out_ptrs, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
