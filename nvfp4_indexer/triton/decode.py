@@ -357,8 +357,7 @@ class DecodeRunner:
                 decode_wgmma.launch(self.dequant, index_q, cache, block_table, seq_lens, out,
                                     self.win, num_blocks=cache.shape[0], query_len=q,
                                     num_heads=h, rows=self.block_m,
-                                    num_splits=self.num_splits,
-                                    maxnreg=self._reg_cap.get("maxnreg"))
+                                    num_splits=self.num_splits)
             return out
         q8 = index_q.view(torch.uint8)
         with device_guard(self.device):

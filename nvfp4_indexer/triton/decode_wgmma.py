@@ -209,8 +209,7 @@ def gluon_layouts(rows: int, num_warps: int = 4):
 
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
-           query_len: int, num_heads: int, rows: int, num_splits: int,
-           maxnreg: int | None = None) -> None:
+           query_len: int, num_heads: int, rows: int, num_splits: int) -> None:
     """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
     least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "wgmma" (Gluon, SM90) or "lut"
     (the plain-Triton twin). Shapes are the caller's (``decode.DecodeRunner``) to check."""
@@ -225,8 +224,7 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
                                  num_blocks, block_table, block_table.stride(0), width,
                                  seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
                                  NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
-                                 num_warps=4,
-                                 **({} if maxnreg is None else {"maxnreg": maxnreg}))
+                                 num_warps=4)
     else:
         _portable_score_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,
