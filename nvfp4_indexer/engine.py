@@ -499,7 +499,8 @@ class Indexer:
         self._num_sms = num_sms(dev)
         self._dot = resolve_dot(None, dev)
         self._tokens_n = self._dot in TOKENS_ON_N_DOTS
-        portable, dequant, tok_block, warps, parts, streaming = resolve_tuning(dev)
+        # the grid kernel's fields (the persistent kernel is not launched here)
+        portable, dequant, tok_block, warps, parts, streaming = resolve_tuning(dev)[:6]
         base = dict(FROM_SEQ_LENS=False, PORTABLE=portable, TOK_BLOCK=tok_block,
                     PAGE_PARTS=parts, STREAM=streaming, num_warps=warps)
         self._gather_kw = dict(base, DEQUANT=dequant)

@@ -376,7 +376,9 @@ def test_gather_into_rejects_bad_tuning():
     bad = [dict(dequant="bogus"), dict(tok_block=48), dict(tok_block=256), dict(tok_block=32.0),
            dict(tok_block=True), dict(num_warps=3), dict(num_warps=32), dict(num_warps="4"),
            dict(page_parts=3), dict(page_parts=16), dict(page_parts=0),
-           dict(dequant="ptx", portable=True), dict(streaming=1), dict(streaming="yes")]
+           dict(dequant="ptx", portable=True), dict(streaming=1), dict(streaming="yes"),
+           dict(persistent=1), dict(persistent="no"), dict(programs_per_sm=0),
+           dict(programs_per_sm=257), dict(programs_per_sm=True)]
     if not HAS_CUDA:
         bad.append(dict(dequant="ptx"))
     for kw in bad:
@@ -384,6 +386,84 @@ def test_gather_into_rejects_bad_tuning():
             portable = kw.pop("portable", None)
             g.gather_into(cache, block_table, seq_lens, off, ws, 6, portable=portable,
                           config=g.GatherConfig(**kw))
+
+
+def _gather_both(monkeypatch, cache, block_table, lengths, offsets, ws_pages, max_pages,
+                 from_seq_lens, page_parts, programs_per_sm):
+    """Poisoned workspaces gathered by the default kernel and by the persistent one, the
+    latter on a grid of ``programs_per_sm`` programs (one SM: ``heuristics.num_sms`` is
+    patched), so a grid smaller than the work items makes every program loop."""
+    g = K["gather"]
+    monkeypatch.setattr(g.hz, "num_sms", lambda device=None: 1)
+    out = []
+    for persistent in (False, True):
+        ws = torch.full((ws_pages, 128, 128), POISON, dtype=torch.uint8, device=DEV)
+        cfg = g.GatherConfig(page_parts=page_parts, persistent=persistent,
+                             programs_per_sm=programs_per_sm)
+        g.gather_into(cache, block_table, lengths, offsets, ws.view(torch.float8_e4m3fn),
+                      max_pages, lengths_are_seq_lens=from_seq_lens, config=cfg)
+        out.append(ws)
+    return out
+
+
+@pytest.mark.parametrize("from_seq_lens,page_parts,programs_per_sm",
+                         [(True, 1, 2), (False, 4, 3), (True, 2, 1)])
+def test_gather_persistent_bit_exact(monkeypatch, from_seq_lens, page_parts, programs_per_sm):
+    """The persistent gather writes the default kernel's and the reference's bytes (SPEC 7,
+    9) on ragged requests with zero-history ones (seq_len 0, 1, 128), block ids outside the
+    cache (clamped into it) and a seq_len past the table width (clamped to its W pages,
+    SPEC 10), on 1..3 programs (each loops over many (page, part) items, crossing request
+    boundaries); the poison before and after the gathered pages stays."""
+    gen = _gen(14)
+    nb, width = 7, 4
+    cache = _random_cache(nb, gen)
+    seq_lens = torch.tensor([0, 385, 1, 129, 5000, 128, 256, 513], dtype=torch.int32)
+    full = torch.randint(-3, nb + 3, (len(seq_lens), 9), generator=gen, dtype=torch.int32)
+    block_table = full.to(DEV)[:, :width]  # a view (row stride 9), garbage past the width
+    ok_seq = seq_lens.clamp(max=128 * width + 1)  # the pages the kernels may read
+    # the reference checks its table covers the current page too: one column more
+    rws, _ = api.gather_index_k_fp8(cache, full[:, :width + 1].clamp(0, nb - 1).contiguous()
+                                    .to(DEV), ok_seq.to(DEV), backend="reference")
+    total = rws.shape[0]
+    assert total == 3 + 1 + 4 + 1 + 4 and int((full[:, :width] >= nb).sum()) > 0
+    pages = P.history_pages(seq_lens)  # unclamped counts: the offsets leave request 4 room
+    offsets = torch.zeros(len(seq_lens), dtype=torch.int32)
+    offsets[1:] = torch.cumsum(pages, 0)[:-1]
+    offsets += 2
+    lengths = seq_lens if from_seq_lens else pages.to(torch.int32)
+    ws_pages = int(offsets[-1]) + int(pages[-1]) + 3
+    default, persistent = _gather_both(monkeypatch, cache, block_table, lengths.to(DEV),
+                                       offsets.to(DEV), ws_pages, 39, from_seq_lens,
+                                       page_parts, programs_per_sm)
+    _assert_bytes_equal(persistent, default)
+    got = torch.cat([persistent[o:o + n] for o, n in
+                     zip(offsets.tolist(), P.history_pages(ok_seq).tolist())])
+    _assert_bytes_equal(got, rws)
+    assert bool((persistent[:2] == POISON).all())
+    assert bool((persistent[int(offsets[4]) + width:int(offsets[5])] == POISON).all())
+    assert bool((persistent[ws_pages - 3:] == POISON).all())
+
+
+def test_gather_persistent_skips_what_the_default_skips(monkeypatch):
+    """Page counts (lengths_are_seq_lens=False) that are 0 or negative, a request whose
+    offset is negative and one that runs past the workspace's end: the persistent gather
+    writes exactly the default's pages (the others stay poison), and a batch with no page
+    to gather writes nothing."""
+    gen = _gen(15)
+    cache = _random_cache(6, gen)
+    counts = torch.tensor([2, -3, 3, 0, 2, 3], dtype=torch.int32)
+    block_table = torch.randint(0, 6, (6, 3), generator=gen, dtype=torch.int32).to(DEV)
+    offsets = torch.tensor([0, 1, -2, 5, 5, 8], dtype=torch.int32)  # [-2, 1) and [8, 11)
+    default, persistent = _gather_both(monkeypatch, cache, block_table, counts.to(DEV),
+                                       offsets.to(DEV), 10, 3, False, 2, 2)
+    _assert_bytes_equal(persistent, default)
+    written = [0, 1, 5, 6, 8, 9]  # request 0, 2 (its page 2), 4, 5 (pages 0, 1)
+    assert not bool((persistent[written] == POISON).all(dim=(1, 2)).any())
+    rest = [p for p in range(10) if p not in written]
+    assert bool((persistent[rest] == POISON).all())
+    zero, zero_p = _gather_both(monkeypatch, cache, block_table, torch.zeros_like(counts)
+                                .to(DEV), offsets.to(DEV), 10, 3, False, 1, 1)
+    assert bool((zero == POISON).all()) and bool((zero_p == POISON).all())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -727,10 +807,13 @@ from nvfp4_indexer.triton import encode, quantize, dequantize, insert, query, ga
 GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_stride="i32",
                     len_ptr="*i32", off_ptr="*i32", ws_ptr="*u8", ws_pages="i32", width="i32",
                     num_blocks="i32")
+PERSISTENT_TYPES = dict(GATHER_TYPES, num_reqs="i32")
 # the gather's inline-PTX dequantization (GPU default): needs PORTABLE=False
 cases = [(gather._gather_kernel, GATHER_TYPES,
           dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
-               PAGE_PARTS=2, STREAM=True))]
+               PAGE_PARTS=2, STREAM=True)),
+         (gather._gather_persistent_kernel, PERSISTENT_TYPES,
+          dict(FROM_SEQ_LENS=False, PORTABLE=False, DEQUANT="ptx", PAGE_PARTS=8, STREAM=True))]
 for P in (True, False):
     cases += [
         (encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
@@ -743,6 +826,8 @@ for P in (True, False):
         (gather._gather_kernel, GATHER_TYPES,
          dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton", PAGE_PARTS=1,
               STREAM=False)),
+        (gather._gather_persistent_kernel, PERSISTENT_TYPES,
+         dict(FROM_SEQ_LENS=True, PORTABLE=P, DEQUANT="triton", PAGE_PARTS=4, STREAM=False)),
         (insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32",
          pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
          eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
@@ -774,7 +859,8 @@ print("compiled", len(cases))
 
 
 def test_kernels_compile_offline_for_sm90():
-    """Every kernel compiles to SM90 PTX + cubin (Triton's bundled ptxas, no GPU): no
+    """Every kernel (the gather's persistent one too) compiles to SM90 PTX + cubin
+    (Triton's bundled ptxas, no GPU): no
     approximate division / sqrt, no flush-to-zero; the native E4M3 cvt only when
     PORTABLE=False (the gather's DEQUANT="ptx": the f16x2 cvt of its inline asm, no fp32
     one). Runs in a subprocess (this process's kernels may be interpreted)."""
@@ -790,7 +876,7 @@ def test_kernels_compile_offline_for_sm90():
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled 17" in proc.stdout
+    assert "compiled 20" in proc.stdout
 
 
 def test_insert_index_k_rejects_bad_tuning():

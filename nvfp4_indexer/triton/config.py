@@ -124,6 +124,13 @@ class GatherConfig(_Config):
             under the interpreter).
         streaming: evict-first page loads and streaming (``.cs``) workspace stores in the
             "ptx" mode (default ``GATHER_STREAMING``).
+        persistent: the persistent kernel (``gather._gather_persistent_kernel``: about
+            ``programs_per_sm`` programs per SM looping over (page, part) work items, the next
+            items' block id and page bytes prefetched) rather than one program per page part
+            (default ``GATHER_PERSISTENT``); it moves a part in one step (``tok_block`` does
+            not apply).
+        programs_per_sm: the persistent grid's programs per SM, an int in 1..256 (default
+            ``GATHER_PROGRAMS_PER_SM``; unused unless persistent).
     Raises:
         ValueError: a field outside its set.
     """
@@ -133,6 +140,8 @@ class GatherConfig(_Config):
     num_warps: int | None = None
     page_parts: int | None = None
     streaming: bool | None = None
+    persistent: bool | None = None
+    programs_per_sm: int | None = None
 
     TOK_BLOCKS = (8, 16, 32, 64, 128)
     NUM_WARPS = (1, 2, 4, 8, 16)
@@ -142,8 +151,10 @@ class GatherConfig(_Config):
         _choice("dequant", self.dequant, GATHER_DEQUANT_MODES)
         _ints(self, tok_block=dict(choices=self.TOK_BLOCKS, optional=True),
               num_warps=dict(choices=self.NUM_WARPS, optional=True),
-              page_parts=dict(choices=self.PAGE_PARTS, optional=True))
+              page_parts=dict(choices=self.PAGE_PARTS, optional=True),
+              programs_per_sm=dict(lo=1, hi=256, optional=True))
         _opt_bool("streaming", self.streaming)
+        _opt_bool("persistent", self.persistent)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,20 @@ Dequantization modes (the ``DEQUANT`` constexpr, ``GatherConfig(dequant=...)``):
   E4M3 bytes with f16x2 arithmetic and native conversions, stored through a uint32 view.
 - "triton": fp32 per value from Triton ops (``dequantize.dequant_code_tile``); the only mode
   under the interpreter / with ``PORTABLE`` (integer-bit E4M3 encoder).
+
+Kernels (``GatherConfig(persistent=...)``), the same bytes either way:
+
+- ``_gather_kernel`` (default): one program per (page part, request); each walks the dependent
+  chain lengths / offsets -> block table -> page -> store once.
+- ``_gather_persistent_kernel``: about ``programs_per_sm`` programs per SM, each looping over
+  (page, part) work items with a grid stride, the next item's page bytes and the one after's
+  block id in flight while an item is stored (the chain overlaps the stores); the number of
+  items is read on the device, so the grid depends on host shapes only (CUDA graphs).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,6 +40,60 @@ from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, WS_PAGE,
 from .ptx import dequant_e4m3_bytes
 
 MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
+
+
+@triton.jit
+def _load_tile(page, tok0, TILE: tl.constexpr, DEQUANT: tl.constexpr, STREAM: tl.constexpr):
+    """Codes and scale bytes of tokens ``[tok0, tok0 + TILE)`` of ``page`` (a uint8 pointer):
+    "ptx": uint16 code pairs ``[TILE, 8 groups, 4 pairs]`` and scale bytes ``[TILE, 8, 1]``;
+    "triton": code bytes ``[TILE, 64]`` and each code byte's scale byte ``[TILE, 64]``."""
+    if DEQUANT == "ptx":
+        # [tokens, group g, pair k]: uint16 code pair 4g + k = dims 16g + 4k .. + 3. The
+        # group axis lets the [TILE, 8, 1] scales broadcast in registers; their load
+        # is told contiguity 1 so it takes the codes' layout (vectorized, it would get
+        # another layout and a shared-memory conversion every step: SM90 SASS).
+        g = tl.arange(0, GROUPS)[None, :, None]
+        k = tl.arange(0, 4)[None, None, :]  # code pairs per group
+        tok = (tok0 + tl.arange(0, TILE))[:, None, None]
+        cptr = (page + tok * CODE_BYTES).to(tl.pointer_type(tl.uint16), bitcast=True) \
+            + g * 4 + k
+        sptr = page + SCALES_OFFSET + tok * GROUPS + tl.max_contiguous(g, [1, 1, 1])
+        if STREAM:
+            codes = tl.load(cptr, eviction_policy="evict_first")
+            scales = tl.load(sptr, eviction_policy="evict_first")
+        else:
+            codes = tl.load(cptr)
+            scales = tl.load(sptr)
+    else:
+        i = tl.arange(0, CODE_BYTES)[None, :]
+        tok = (tok0 + tl.arange(0, TILE))[:, None]
+        codes = tl.load(page + tok * CODE_BYTES + i)
+        scales = tl.load(page + SCALES_OFFSET + tok * GROUPS + i // 8)
+    return codes, scales
+
+
+@triton.jit
+def _store_tile(out_page, tok0, codes, scales, TILE: tl.constexpr, DEQUANT: tl.constexpr,
+                PORTABLE: tl.constexpr, STREAM: tl.constexpr):
+    """dequant_e4m3 bytes (SPEC 1.4) of ``_load_tile``'s ``codes, scales`` into tokens
+    ``[tok0, tok0 + TILE)`` of workspace page ``out_page`` (a uint8 pointer)."""
+    if DEQUANT == "ptx":
+        g = tl.arange(0, GROUPS)[None, :, None]
+        k = tl.arange(0, 4)[None, None, :]
+        tok = (tok0 + tl.arange(0, TILE))[:, None, None]
+        optr = (out_page + tok * HEAD).to(tl.pointer_type(tl.uint32), bitcast=True) \
+            + g * 4 + k
+        s = scales.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
+        out = dequant_e4m3_bytes(codes, s)  # uint32: 4 E4M3 bytes, dim order
+        if STREAM:
+            tl.store(optr, out, cache_modifier=".cs")
+        else:
+            tl.store(optr, out)
+    else:
+        d = tl.arange(0, HEAD)[None, :]
+        tok = (tok0 + tl.arange(0, TILE))[:, None]
+        out = dequant_code_tile(codes, scales, PORTABLE, False)
+        tl.store(out_page + tok * HEAD + d, out)
 
 
 @triton.jit
@@ -57,47 +122,127 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
         block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)  # inside the cache
         page = cache_ptr + block * page_stride
         out_page = ws_ptr + dst * WS_PAGE
-        if DEQUANT == "ptx":
-            # [tokens, group g, pair k]: uint16 code pair 4g + k = dims 16g + 4k .. + 3. The
-            # group axis lets the [TOK_BLOCK, 8, 1] scales broadcast in registers; their load
-            # is told contiguity 1 so it takes the codes' layout (vectorized, it would get
-            # another layout and a shared-memory conversion every step: SM90 SASS).
-            g = tl.arange(0, GROUPS)[None, :, None]
-            k = tl.arange(0, 4)[None, None, :]  # code pairs per group
-            for t0 in tl.static_range(0, PART, TOK_BLOCK):
-                tok = (tok0 + t0 + tl.arange(0, TOK_BLOCK))[:, None, None]
-                cptr = (page + tok * CODE_BYTES).to(tl.pointer_type(tl.uint16), bitcast=True) \
-                    + g * 4 + k
-                sptr = page + SCALES_OFFSET + tok * GROUPS + tl.max_contiguous(g, [1, 1, 1])
-                optr = (out_page + tok * HEAD).to(tl.pointer_type(tl.uint32), bitcast=True) \
-                    + g * 4 + k
-                if STREAM:
-                    codes = tl.load(cptr, eviction_policy="evict_first")
-                    sbytes = tl.load(sptr, eviction_policy="evict_first")
-                else:
-                    codes = tl.load(cptr)
-                    sbytes = tl.load(sptr)
-                s = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # exact
-                out = dequant_e4m3_bytes(codes, s)  # uint32: 4 E4M3 bytes, dim order
-                if STREAM:
-                    tl.store(optr, out, cache_modifier=".cs")
-                else:
-                    tl.store(optr, out)
-        else:
-            i = tl.arange(0, CODE_BYTES)[None, :]
-            d = tl.arange(0, HEAD)[None, :]
-            for t0 in tl.static_range(0, PART, TOK_BLOCK):
-                tok = (tok0 + t0 + tl.arange(0, TOK_BLOCK))[:, None]
-                code_bytes = tl.load(page + tok * CODE_BYTES + i)
-                scale_bytes = tl.load(page + SCALES_OFFSET + tok * GROUPS + i // 8)
-                out = dequant_code_tile(code_bytes, scale_bytes, PORTABLE, False)
-                tl.store(out_page + tok * HEAD + d, out)
+        for t0 in tl.static_range(0, PART, TOK_BLOCK):
+            codes, scales = _load_tile(page, tok0 + t0, TOK_BLOCK, DEQUANT, STREAM)
+            _store_tile(out_page, tok0 + t0, codes, scales, TOK_BLOCK, DEQUANT, PORTABLE, STREAM)
+
+
+@triton.jit
+def _request_items(len_ptr, off_ptr, r, num_reqs, width, FROM_SEQ_LENS: tl.constexpr,
+                   PAGE_PARTS: tl.constexpr):
+    """(work items, workspace page of page 0) of request r, both int64: its page count
+    (``_gather_kernel``'s: clamped to ``[0, width]``) times PAGE_PARTS; (0, 0) past the last
+    request (r >= num_reqs)."""
+    live = r < num_reqs
+    length = tl.load(len_ptr + r, mask=live, other=0).to(tl.int64)
+    if FROM_SEQ_LENS:
+        num_pages = num_history_pages(length)  # SPEC 4, 7
+    else:
+        num_pages = length
+    num_pages = tl.maximum(tl.minimum(num_pages, width), 0)  # SPEC 10: inside the row
+    return num_pages * PAGE_PARTS, tl.load(off_ptr + r, mask=live, other=0).to(tl.int64)
+
+
+@triton.jit
+def _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
+            FROM_SEQ_LENS: tl.constexpr, PAGE_PARTS: tl.constexpr):
+    """Move the cursor (request r, global index ``base`` of its first item, its items ``n``,
+    its ``off``) forward to the request holding item ``t`` (r = num_reqs past the last
+    item); t never decreases, so every program reads each request's length once."""
+    while (r < num_reqs) & (t >= base + n):
+        base += n
+        r += 1
+        n, off = _request_items(len_ptr, off_ptr, r, num_reqs, width, FROM_SEQ_LENS,
+                                PAGE_PARTS)
+    return r, base, n, off
+
+
+@triton.jit
+def _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs, ws_pages, num_blocks,
+          PAGE_PARTS: tl.constexpr):
+    """Item ``t`` of the cursor's request r: (stored?, workspace page, first token, block
+    id clamped to the cache). Local item ``t - base`` is part ``% PAGE_PARTS`` of page
+    ``// PAGE_PARTS``; items past the last request or outside ``[0, ws_pages)`` are not
+    stored and read no block-table entry (block 0)."""
+    li = t - base
+    j = li // PAGE_PARTS
+    dst = off + j
+    ok = (r < num_reqs) & (dst >= 0) & (dst < ws_pages)
+    block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j, mask=ok, other=0)
+    block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)  # inside the cache
+    tok0 = (li % PAGE_PARTS).to(tl.int32) * (PAGE // PAGE_PARTS)
+    return ok, dst, tok0, block
+
+
+@triton.jit
+def _gather_persistent_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr,
+                              ws_ptr, ws_pages, width, num_blocks, num_reqs,
+                              FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
+                              DEQUANT: tl.constexpr = "triton", PAGE_PARTS: tl.constexpr = 1,
+                              STREAM: tl.constexpr = False):
+    """Persistent form of ``_gather_kernel`` (same bytes written): work item t is one part
+    (128 / PAGE_PARTS tokens, one tile) of one page, items numbered request by request, page
+    by page (request r's pages ``j < min(n_r, width)``); program p takes items p, p + G, ...
+    (G programs) until past the last request's, a bound read on the device. Software
+    pipeline: while item k is dequantized and stored, item k + 1's page bytes and item
+    k + 2's block id are in flight."""
+    PART: tl.constexpr = PAGE // PAGE_PARTS
+    step = tl.num_programs(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(0) * 0
+    base = t * 0
+    n, off = _request_items(len_ptr, off_ptr, r, num_reqs, width, FROM_SEQ_LENS, PAGE_PARTS)
+    # item k (tile loaded), item k + 1 (block id loaded)
+    r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
+                              FROM_SEQ_LENS, PAGE_PARTS)
+    live = r < num_reqs
+    ok, dst, tok0, block = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs, ws_pages,
+                                 num_blocks, PAGE_PARTS)
+    codes, scales = _load_tile(cache_ptr + block * page_stride, tok0, PART, DEQUANT, STREAM)
+    t += step
+    r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
+                              FROM_SEQ_LENS, PAGE_PARTS)
+    live1 = r < num_reqs
+    ok1, dst1, tok1, block1 = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs,
+                                    ws_pages, num_blocks, PAGE_PARTS)
+    while live:
+        # issue item k + 1's page loads and item k + 2's block-table load, then store item k
+        codes1, scales1 = _load_tile(cache_ptr + block1 * page_stride, tok1, PART, DEQUANT,
+                                     STREAM)
+        t += step
+        r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
+                                  FROM_SEQ_LENS, PAGE_PARTS)
+        live2 = r < num_reqs
+        ok2, dst2, tok2, block2 = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs,
+                                        ws_pages, num_blocks, PAGE_PARTS)
+        if ok:
+            _store_tile(ws_ptr + dst * WS_PAGE, tok0, codes, scales, PART, DEQUANT, PORTABLE,
+                        STREAM)
+        live, ok, dst, tok0, codes, scales = live1, ok1, dst1, tok1, codes1, scales1
+        live1, ok1, dst1, tok1, block1 = live2, ok2, dst2, tok2, block2
+
+
+class GatherTuning(NamedTuple):
+    """A gather launch's resolved tuning (``resolve_tuning``): the kernels' constexprs
+    PORTABLE, DEQUANT, TOK_BLOCK, PAGE_PARTS, STREAM, the launch's ``num_warps``, and the
+    kernel choice: ``persistent`` (``_gather_persistent_kernel``, about ``programs_per_sm``
+    programs per SM) or not (``_gather_kernel``, one program per page part)."""
+
+    portable: bool
+    dequant: str
+    tok_block: int
+    num_warps: int
+    page_parts: int
+    streaming: bool
+    persistent: bool
+    programs_per_sm: int
 
 
 def resolve_tuning(device, portable: bool | None = None,
-                   config: GatherConfig | None = None):
-    """``(PORTABLE, DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM)`` of a gather launch on
-    ``device`` (``heuristics.gather_defaults`` for the fields ``config`` leaves None).
+                   config: GatherConfig | None = None) -> GatherTuning:
+    """The ``GatherTuning`` of a gather launch on ``device``: ``(portable, dequant, tok_block,
+    num_warps, page_parts, streaming, persistent, programs_per_sm)``
+    (``heuristics.gather_defaults`` for the fields ``config`` leaves None).
 
     Raises:
         ValueError: ``config`` not None or a ``GatherConfig``; dequant "ptx" under the
@@ -109,8 +254,9 @@ def resolve_tuning(device, portable: bool | None = None,
                                  or torch.device(device).type != "cuda"):
         raise ValueError("dequant: 'ptx' needs a CUDA GPU (SM89+) with portable=False, not "
                          "the interpreter / CPU / portable mode")
-    return (portable,) + hz.gather_defaults(device, portable, cfg.dequant, cfg.tok_block,
-                                            cfg.num_warps, cfg.page_parts, cfg.streaming)
+    return GatherTuning(portable, *hz.gather_defaults(
+        device, portable, cfg.dequant, cfg.tok_block, cfg.num_warps, cfg.page_parts,
+        cfg.streaming, cfg.persistent, cfg.programs_per_sm))
 
 
 def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
@@ -123,29 +269,32 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
     Args:
         cache: ``uint8 [num_blocks, 128, 72]`` with strides ``(S, 72, 1)``.
         block_table: int32 ``[R, W]``, unit stride in the last dim; entries [r, j] for
-            j < n_r must be valid block ids (others are never read).
+            j < n_r must be valid block ids (others are never read; ids outside the cache
+            are clamped into it, n_r to W: SPEC 10).
         lengths: int32/int64 ``[R]`` on the device: seq_lens (n_r = (seq_len - 1) // 128, 0 for
             empty requests) when ``lengths_are_seq_lens``, else the page counts n_r themselves.
         page_offsets: int32/int64 ``[>= R]`` destination page of each request's page 0.
         workspace: ``float8_e4m3fn`` (or uint8) ``[P, 128, 128]``, contiguous; pages outside
             ``[0, P)`` are skipped, pages not gathered are left untouched.
-        max_pages: host int >= every n_r (the grid is ``(max_pages * page_parts, R)``, R split
-            over launches of at most ``MAX_GRID_Y`` requests; pages past n_r exit).
+        max_pages: host int >= every n_r. The default kernel's grid is
+            ``(min(max_pages, W) * page_parts, R)``, R split over launches of at most
+            ``MAX_GRID_Y`` requests, pages past n_r exit; the persistent kernel's is
+            ``heuristics.gather_grid`` (one launch; it reads the n_r on the device).
         portable: force the PORTABLE constexpr (tests); default True under the interpreter /
             off CUDA.
         config: tuning (``config.GatherConfig``: dequant, tok_block, num_warps, page_parts,
-            streaming); None = defaults (``heuristics.gather_defaults``). Every setting
-            writes the same bytes.
+            streaming, persistent, programs_per_sm); None = defaults
+            (``heuristics.gather_defaults``). Every setting writes the same bytes.
     Raises:
         ValueError: a bad ``config``, or dequant "ptx" under the interpreter / off CUDA / with
             portable=True (checked before any early return), or "ptx" with a workspace not
             4-byte aligned / a cache not 2-byte aligned (the default then takes "triton").
     """
     explicit = config.dequant if isinstance(config, GatherConfig) else None
-    portable, dequant, tok_block, num_warps, page_parts, streaming = resolve_tuning(
-        cache.device, portable, config)
-    r = block_table.shape[0]
-    if r == 0 or max_pages <= 0 or workspace.shape[0] == 0 or block_table.shape[1] == 0 \
+    tuning = resolve_tuning(cache.device, portable, config)
+    dequant, page_parts = tuning.dequant, tuning.page_parts
+    r, width = block_table.shape
+    if r == 0 or max_pages <= 0 or workspace.shape[0] == 0 or width == 0 \
             or cache.shape[0] == 0:  # nothing readable
         return
     assert workspace.is_contiguous() and tuple(workspace.shape[1:]) == (PAGE_SIZE, HEAD_DIM)
@@ -159,17 +308,25 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
                              "aligned cache (base and page stride)")
         dequant = "triton"
     lengths, page_offsets = lengths.contiguous(), page_offsets.contiguous()
+    consts = dict(FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=tuning.portable,
+                  DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=tuning.streaming,
+                  num_warps=tuning.num_warps)
+    grid = hz.gather_grid(r, max_pages, width, page_parts, tuning.persistent,
+                          tuning.programs_per_sm, cache.device)
     with device_guard(cache.device):
+        if tuning.persistent:  # every request in one launch: grid-stride over work items
+            _gather_persistent_kernel[(grid,)](
+                cache, cache.stride(0), block_table, block_table.stride(0), lengths,
+                page_offsets, ws, ws.shape[0], width, cache.shape[0], r, **consts)
+            return
         # pages on the grid's x axis (up to 2^31 - 1 programs), requests on y: at most
         # MAX_GRID_Y per launch
         for r0 in range(0, r, MAX_GRID_Y):
             r1 = min(r, r0 + MAX_GRID_Y)
-            _gather_kernel[(max_pages * page_parts, r1 - r0)](
+            _gather_kernel[(grid, r1 - r0)](
                 cache, cache.stride(0), block_table[r0:r1], block_table.stride(0),
-                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], block_table.shape[1],
-                cache.shape[0], FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=portable, TOK_BLOCK=tok_block,
-                DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=streaming,
-                num_warps=num_warps)
+                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], width,
+                cache.shape[0], TOK_BLOCK=tuning.tok_block, **consts)
 
 
 def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,

@@ -40,6 +40,8 @@ GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
 GATHER_NUM_WARPS = 1
 GATHER_PAGE_PARTS = 8  # programs per page (1 under the interpreter)
 GATHER_STREAMING = True  # evict-first page loads, streaming (.cs) workspace stores
+GATHER_PERSISTENT = False  # grid-stride persistent kernel (one program per page part if False)
+GATHER_PROGRAMS_PER_SM = 16  # persistent grid: about this many programs per SM
 
 # -- insert ----------------------------------------------------------------------------------
 INSERT_BLOCK_T = 4  # tokens per program on a GPU
@@ -270,11 +272,12 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
 
 
 def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_parts,
-                    streaming):
-    """The gather launch's ``(DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM)`` on
-    ``device`` from a ``GatherConfig``'s fields (None = default). The interpreter runs whole
-    pages in one 128-token step (fewer, vectorized programs); "ptx" needs CUDA SM89+ (the
-    asm's f16x2 <-> e4m3x2 conversions)."""
+                    streaming, persistent=None, programs_per_sm=None):
+    """The gather launch's ``(DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM, PERSISTENT,
+    programs_per_sm)`` on ``device`` from a ``GatherConfig``'s fields (None = default). The
+    interpreter runs whole pages in one 128-token step (fewer, vectorized programs); "ptx"
+    needs CUDA SM89+ (the asm's f16x2 <-> e4m3x2 conversions). The persistent kernel moves a
+    page part in one step: its TOK_BLOCK is 128 / PAGE_PARTS (``tok_block`` does not apply)."""
     from .numerics import interpreting
     if dequant is None:
         dev = torch.device(device)
@@ -288,7 +291,25 @@ def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_
         page_parts = 1 if interpreting() else GATHER_PAGE_PARTS
     if streaming is None:
         streaming = GATHER_STREAMING
-    return dequant, min(tok_block, PAGE_SIZE // page_parts), num_warps, page_parts, streaming
+    if persistent is None:
+        persistent = GATHER_PERSISTENT
+    if programs_per_sm is None:
+        programs_per_sm = GATHER_PROGRAMS_PER_SM
+    part = PAGE_SIZE // page_parts
+    tok_block = part if persistent else min(tok_block, part)
+    return dequant, tok_block, num_warps, page_parts, streaming, persistent, programs_per_sm
+
+
+def gather_grid(num_reqs: int, max_pages: int, width: int, page_parts: int, persistent: bool,
+                programs_per_sm: int, device) -> int:
+    """Programs on the x axis of a gather launch (host shapes only, CUDA-graph safe): one
+    per page part of the widest request (``min(max_pages, width) * page_parts``), or for the
+    persistent kernel ``programs_per_sm`` per SM, at most one per possible work item
+    (``num_reqs * min(max_pages, width) * page_parts``), at least 1."""
+    pages = min(max_pages, width)
+    if not persistent:
+        return pages * page_parts
+    return max(1, min(num_reqs * pages * page_parts, programs_per_sm * num_sms(device)))
 
 
 def insert_launch_shape(rotary_dim: int, n: int, block_t: int | None,
