@@ -245,7 +245,7 @@ class PrefillChunk:
     """One prefill chunk (SPEC 7): requests ``[req_start, req_end)`` (indices among the step's
     prefill requests), their query rows ``[row_start, row_end)`` relative to the first prefill
     row, and their history pages packed at ``page_offsets`` (host ints: lists from
-    ``plan_prefill_chunks``; tuples or int64 arrays from ``Indexer.plan``)."""
+    ``plan_prefill_chunks``; tuples or lists from ``Indexer.plan``)."""
 
     req_start: int
     req_end: int
@@ -649,20 +649,22 @@ class Indexer:
         if not (type(sc) is T and type(qc) is T and type(qd) is T and type(sd) is T
                 and type(bt) is T and type(nd) is int):
             return None
-        if not (sc.dim() == 1 and sc.is_cpu and sc.dtype in ints):
+        ss = sc.shape
+        if not (len(ss) == 1 and sc.is_cpu and sc.dtype in ints):
             return None
-        r = sc.shape[0]
-        if not (0 <= nd <= r and r and qc.dim() == 1 and qc.shape[0] == r + 1 and qc.is_cpu
-                and qc.dtype in ints and qd.dim() == 1 and qd.shape[0] == r + 1
-                and qd.dtype == torch.int32 and qd.device == dev and sd.dim() == 1
-                and sd.shape[0] == r and sd.dtype == torch.int32 and sd.device == dev
-                and sd.is_contiguous() and bt.dim() == 2 and bt.shape[0] == r
-                and bt.dtype == torch.int32 and bt.device == dev
-                and (bt.shape[1] <= 1 or bt.stride(1) == 1) and nd <= self.max_decode_reqs):
+        r = ss[0]
+        i32 = torch.int32
+        rows, bs = (r + 1,), bt.shape  # shape compares: one call each (host time)
+        if not (0 <= nd <= r and r and qc.shape == rows and qc.is_cpu and qc.dtype in ints
+                and qd.shape == rows and qd.dtype == i32 and qd.device == dev
+                and sd.shape == ss and sd.dtype == i32 and sd.device == dev
+                and sd.is_contiguous() and len(bs) == 2 and bs[0] == r and bt.dtype == i32
+                and bt.device == dev and (bs[1] <= 1 or bt.stride()[1] == 1)
+                and nd <= self.max_decode_reqs):
             return None
         c = self.config
         qsl, sl = qc.numpy(), sc.numpy()
-        limit = min(bt.shape[1] * PAGE_SIZE, c.max_model_len)
+        limit = min(bs[1] * PAGE_SIZE, c.max_model_len)
         total = int(qsl[r])
         if total > c.max_num_batched_tokens:
             return None
@@ -919,8 +921,7 @@ class Indexer:
         st.copy(st.blk_at + 2 * n_blk)
         # min(device seq lens, host copy): kernels never read past the planned pages
         seq = torch.minimum(seq_lens, st.caps(n_pre))
-        width = bt_all.shape[1]
-        bt_stride = bt_all.stride(0)
+        bt_stride, width = bt_all.stride()[0], bt_all.shape[1]
         ws8, qsl_d = self._ws8, st.qsl
         gparts = self._gather_parts
         chunks = []
@@ -934,7 +935,6 @@ class Indexer:
                 bt = bt_all[a:]
             total = offs[-1]
             max_gather = max(gathered)
-            ch = PrefillChunk(a, b, pq[a] - p0, pq[b] - p0, offs, gathered, total)
             gather = []  # (grid, (block table, its row stride, pages, ws offsets))
             if total:
                 x = max_gather * gparts
@@ -944,16 +944,17 @@ class Indexer:
                                    (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
             static, score_kw, merge, cand, win = tpl
             # the score kernel reads ws offsets at (request - a): blocks name step requests
-            launch = ch.launch = static.copy()
+            launch = static.copy()
             launch.update(max_gather=max_gather, gather=gather, width=width,
                           score_grid=(nb, static["ns"]),
                           score_args=(ws8, ws_off, a, qsl_d, seq, blk, nb, cand, win),
                           score_kw=score_kw,
                           merge=None if merge is None else
                           ((nb, merge[0]), (cand, qsl_d, seq, blk, nb), merge[1]))
-            ch.dev = {"qsl": qsl_d, "seq": seq, "ws_off": ws_off, "pages": pages,
-                      "blocks": blk, "num_blocks": nb, "block_table": bt}
-            chunks.append(ch)
+            chunks.append(PrefillChunk(
+                a, b, pq[a] - p0, pq[b] - p0, offs, gathered, total, launch,
+                {"qsl": qsl_d, "seq": seq, "ws_off": ws_off, "pages": pages, "blocks": blk,
+                 "num_blocks": nb, "block_table": bt}))
         return chunks
 
     def _launch_template(self, num_blocks: int, score_pages: int, block_m: int) -> tuple:
