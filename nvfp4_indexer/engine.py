@@ -37,6 +37,8 @@ until the next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
 from __future__ import annotations
 
 import functools
+import itertools
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +59,8 @@ SHORT_MAX_LOCAL = TOPK - 1  # rows with L <= 15 select by formula (SPEC 5): thei
 _NUM_STAGING = 2  # alternating staging slots
 _INT32_MAX = 2 ** 31 - 1
 _MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per gather launch (triton.gather)
+# Up to this many requests, host loops over Python ints beat numpy's per-call cost (~1-3 us)
+_SCALAR_MAX = 16
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -241,7 +245,7 @@ class PrefillChunk:
     """One prefill chunk (SPEC 7): requests ``[req_start, req_end)`` (indices among the step's
     prefill requests), their query rows ``[row_start, row_end)`` relative to the first prefill
     row, and their history pages packed at ``page_offsets`` (host ints: lists from
-    ``plan_prefill_chunks``; tuples or int64 arrays from ``Indexer.plan``)."""
+    ``plan_prefill_chunks``; tuples or lists from ``Indexer.plan``)."""
 
     req_start: int
     req_end: int
@@ -407,12 +411,27 @@ class _Staging:
         self.off0, self.pages0, self.blk0 = (d[self.off_at:self.pages_at],
                                              d[self.pages_at:self.blk_at], d[self.blk_at:])
         self._caps: dict = {}
+        self._views: dict = {}  # views() cache
+        self._copies: dict = {}  # copy() cache
 
     def caps(self, n: int) -> torch.Tensor:
         """Device view of the first ``n`` seq-len caps (cached by n)."""
         got = self._caps.get(n)
         if got is None:
             got = self._caps[n] = self.dev[:n]
+        return got
+
+    def views(self, off: int, pages: int, blk: int) -> tuple:
+        """Device views from ``off`` / ``pages`` / ``blk`` to the end of their regions (a later
+        chunk's workspace offsets, page counts and row blocks; cached: the buffer never
+        moves)."""
+        key = (off, pages, blk)
+        got = self._views.get(key)
+        if got is None:
+            if len(self._views) > 4096:
+                self._views.clear()
+            d = self.dev
+            got = self._views[key] = (d[off:self.pages_at], d[pages:self.blk_at], d[blk:])
         return got
 
     def acquire(self) -> None:
@@ -423,10 +442,15 @@ class _Staging:
         self.pending = False
 
     def copy(self, hi: int) -> None:
-        """Non-blocking H2D copy of ``host[:hi]`` into ``dev[:hi]``, then mark it."""
+        """Non-blocking H2D copy of ``host[:hi]`` into ``dev[:hi]`` (rounded up to a power of
+        two: a few cached views), then mark it."""
         if self.event is None:
             return
-        self.dev[:hi].copy_(self.host[:hi], non_blocking=True)
+        n = min(1 << (hi - 1).bit_length(), self.size) if hi > 1 else 1
+        got = self._copies.get(n)
+        if got is None:  # (device, host) views of host[:n], n a power of two (host time)
+            got = self._copies[n] = (self.dev[:n], self.host[:n])
+        got[0].copy_(got[1], non_blocking=True)
         self.event.record()
         self.pending = True
 
@@ -485,6 +509,8 @@ class Indexer:
         self._fast_device = dev.type in ("cpu", "cuda")  # _check_step_fast's device compare
         self._num_sms = None
         self._views: dict = {}  # _scratch_views cache
+        self._templates: dict = {}  # _launch_template cache
+        self._row_ramps: dict = {}  # _row_ramp cache
         if self.backend == "triton":
             self._setup_triton()
 
@@ -594,7 +620,8 @@ class Indexer:
 
     def _check_step(self, step: StepMetadata):
         """Metadata and host-value checks (SPEC 10); returns ``(num_decodes, Q, query_start_loc
-        host array, seq lens host array)``. A few vectorized checks accept a well-formed step
+        host array, seq lens host array, the prefill requests' absolute query offsets [P+1]
+        and seq lens [P] as lists of ints)`` (the last two None without prefill requests). A few vectorized checks accept a well-formed step
         (``_check_step_fast``); anything they do not accept goes through the full checks,
         which raise the precise error (or accept what the fast path is too narrow for)."""
         r = self._check_step_fast(step)
@@ -623,20 +650,22 @@ class Indexer:
         if not (type(sc) is T and type(qc) is T and type(qd) is T and type(sd) is T
                 and type(bt) is T and type(nd) is int):
             return None
-        if not (sc.dim() == 1 and sc.is_cpu and sc.dtype in ints):
+        ss = sc.shape
+        if not (len(ss) == 1 and sc.is_cpu and sc.dtype in ints):
             return None
-        r = sc.shape[0]
-        if not (0 <= nd <= r and r and qc.dim() == 1 and qc.shape[0] == r + 1 and qc.is_cpu
-                and qc.dtype in ints and qd.dim() == 1 and qd.shape[0] == r + 1
-                and qd.dtype == torch.int32 and qd.device == dev and sd.dim() == 1
-                and sd.shape[0] == r and sd.dtype == torch.int32 and sd.device == dev
-                and sd.is_contiguous() and bt.dim() == 2 and bt.shape[0] == r
-                and bt.dtype == torch.int32 and bt.device == dev
-                and (bt.shape[1] <= 1 or bt.stride(1) == 1) and nd <= self.max_decode_reqs):
+        r = ss[0]
+        i32 = torch.int32
+        rows, bs = (r + 1,), bt.shape  # shape compares: one call each (host time)
+        if not (0 <= nd <= r and r and qc.shape == rows and qc.is_cpu and qc.dtype in ints
+                and qd.shape == rows and qd.dtype == i32 and qd.device == dev
+                and sd.shape == ss and sd.dtype == i32 and sd.device == dev
+                and sd.is_contiguous() and len(bs) == 2 and bs[0] == r and bt.dtype == i32
+                and bt.device == dev and (bs[1] <= 1 or bt.stride()[1] == 1)
+                and nd <= self.max_decode_reqs):
             return None
         c = self.config
         qsl, sl = qc.numpy(), sc.numpy()
-        limit = min(bt.shape[1] * PAGE_SIZE, c.max_model_len)
+        limit = min(bs[1] * PAGE_SIZE, c.max_model_len)
         total = int(qsl[r])
         if total > c.max_num_batched_tokens:
             return None
@@ -670,22 +699,24 @@ class Indexer:
         if nd < r:
             if r > c.max_num_seqs:  # no padding in a mixed step: every request is real
                 return None
-            pq = qsl[nd:].astype(np.int64)  # int64: no wrap-around in the differences
-            ps = sl[nd:].astype(np.int64)
-            if r - nd == 1:  # one prefill request: scalars
-                s, ql = int(ps[0]), int(pq[1]) - int(pq[0])
-                if not 1 <= ql <= s <= limit:
-                    return None
+            pq, ps = qsl[nd:].tolist(), sl[nd:].tolist()  # Python ints: no wrap-around
+            if r - nd <= _SCALAR_MAX:  # a few prefill requests: scalar compares
+                prev = pq[0]
+                for end, s in zip(pq[1:], ps):
+                    if not 1 <= end - prev <= s <= limit:
+                        return None
+                    prev = end
             else:
-                ql = pq[1:] - pq[:-1]
-                if _min_max(ql)[0] < 1 or _min_max(ps - ql)[0] < 0 or \
-                        _min_max(ps)[1] > limit:
+                pq64, ps64 = qsl[nd:].astype(np.int64), sl[nd:].astype(np.int64)
+                ql = pq64[1:] - pq64[:-1]
+                if _min_max(ql)[0] < 1 or _min_max(ps64 - ql)[0] < 0 or \
+                        _min_max(ps64)[1] > limit:
                     return None
             return nd, q, qsl, sl, pq, ps
         return nd, q, qsl, sl, None, None
 
     def _check_step_full(self, step: StepMetadata):
-        """Metadata and host-value checks (SPEC 10); returns host numpy views."""
+        """Metadata and host-value checks (SPEC 10); returns what ``_check_step`` returns."""
         if not isinstance(step, StepMetadata):
             raise TypeError(f"step: expected a StepMetadata, got {type(step).__name__}")
         c, dev = self.config, self.device
@@ -774,7 +805,7 @@ class Indexer:
                 i = int(np.flatnonzero(bad)[0])
                 v.fail("seq_lens_cpu", "1 <= q_len <= seq_len for every prefill request",
                        f"q_len={int(pq[i])}, seq_len={int(ps[i])} for request {nd + i}")
-            return nd, q, qsl, sl, qsl[nd:], sl[nd:]
+            return nd, q, qsl, sl, qsl[nd:].tolist(), sl[nd:].tolist()
         return nd, q, qsl, sl, None, None
 
     def plan(self, step: StepMetadata) -> IndexerMetadata:
@@ -802,41 +833,48 @@ class Indexer:
             dec = self.decoders.get((nd, q)) or self.decoder(nd, q)
         p0 = int(qsl[nd])
         pre_rows = int(qsl[r]) - p0
-        chunks = self._plan_prefill(step, nd, pq, ps) if nd < r else []
+        if nd < r:
+            bt, sq = step.block_table, step.seq_lens
+            if nd:  # one view op each for the decode and prefill rows (host time)
+                bt_d, bt = bt.split_with_sizes((nd, r - nd))
+                sq_d, sq = sq.split_with_sizes((nd, r - nd))
+            chunks = self._plan_prefill(bt, sq, pq, ps)
+        else:
+            chunks = []
         # Everything validated: now write (decode buffers).
         self._generation += 1
         if dec is not None:
             if nd == r:  # no slicing (host time); the buffers themselves are not copied
                 dec.plan_from_host(step.block_table, step.seq_lens, q)
             else:
-                dec.plan_from_host(step.block_table[:nd], step.seq_lens[:nd], q)
+                dec.plan_from_host(bt_d, sq_d, q)
         return IndexerMetadata(nd, q, nd * q, p0, pre_rows, max(nd * q, p0 + pre_rows), dec,
                                chunks, self._generation)
 
-    def _plan_prefill(self, step, nd, pq, ps) -> list[PrefillChunk]:
-        """Chunks of the step's prefill requests ``nd ..`` (SPEC 7) from their absolute query
-        offsets ``pq`` (int64 ``[P+1]``) and seq lens ``ps`` (int64 ``[P]``), in numpy;
-        Triton: each chunk's row blocks, splits and scratch, staged in one pinned buffer (one
+    def _plan_prefill(self, bt_all, seq_lens, pq, ps) -> list[PrefillChunk]:
+        """Chunks of the step's prefill requests (SPEC 7) from their block table rows
+        ``bt_all [P, W]``, device seq lens ``seq_lens [P]``, absolute query offsets ``pq``
+        (ints ``[P+1]``) and host seq lens ``ps`` (ints ``[P]``), on host ints; Triton: each
+        chunk's row blocks, splits and scratch, staged in one pinned buffer (one
         non-blocking H2D copy per step), and every launch's arguments; the device seq lens
         are clamped by their host copies (one op) so no kernel reads past what the plan
         sized."""
-        n_pre = ps.shape[0]
-        hist = ps - 1  # seq_len >= q_len >= 1 (checked): history pages of the last query
-        hist //= PAGE_SIZE
+        n_pre = len(ps)
+        # seq_len >= q_len >= 1 (checked): history pages of the last query
+        hist = [(x - 1) // PAGE_SIZE for x in ps]
         bounds = _chunk_bounds(hist, self._budget)
-        p0 = int(pq[0])
+        p0 = pq[0]
         if self.backend != "triton":  # the reference reads device values (it may sync)
             chunks = []
             for a, b in bounds:
-                i, j = nd + a, nd + b
                 cap = torch.as_tensor(ps[a:b], dtype=torch.int32).to(self.device)
-                gathered = hist[a:b].tolist()
-                offsets = [0] + np.cumsum(hist[a:b]).tolist()
-                ch = PrefillChunk(a, b, int(pq[a]) - p0, int(pq[b]) - p0, offsets, gathered,
+                gathered = hist[a:b]
+                offsets = list(itertools.accumulate(gathered, initial=0))
+                ch = PrefillChunk(a, b, pq[a] - p0, pq[b] - p0, offsets, gathered,
                                   offsets[-1])
-                ch.dev = {"qsl_cpu": (pq[a:b + 1] - pq[a]).tolist(),
-                          "seq": torch.minimum(step.seq_lens[i:j], cap),
-                          "block_table": step.block_table[i:j]}
+                ch.dev = {"qsl_cpu": [x - pq[a] for x in pq[a:b + 1]],
+                          "seq": torch.minimum(seq_lens[a:b], cap),
+                          "block_table": bt_all[a:b]}
                 chunks.append(ch)
             return chunks
         h = self.config.num_heads
@@ -846,28 +884,22 @@ class Indexer:
         plans, n_blk = [], 0
         for a, b in bounds:
             if b - a == 1:  # one request: scalars, cached row blocks
-                hk = int(hist[a])
+                hk = hist[a]
                 g = hk if hk > SHORT_MAX_LOCAL else 0  # short rows only: select by formula
-                gathered, offs = (g,), (0, g)
-                bm, blocks = self._single_blocks(int(pq[a + 1]) - int(pq[a]), h)
+                gathered, offs, nblk = (g,), (0, g), None
+                bm, blocks = self._single_blocks(pq[a + 1] - pq[a], h)
                 nb, top = blocks.shape[0] // 2, hk
             else:
                 hs = hist[a:b]
-                gathered = np.where(hs > SHORT_MAX_LOCAL, hs, 0)
-                offs = np.empty(b - a + 1, dtype=np.int64)
-                offs[0] = 0
-                np.cumsum(gathered, out=offs[1:])
-                qlen = pq[a + 1:b + 1] - pq[a:b]
-                bm = min(128, max(16, 1 << (int(qlen[qlen.argmax()]) * h - 1).bit_length()))
-                reqs, row0s = _row_blocks(qlen, ps[a:b], h, bm, pages=False)
-                if a:
-                    reqs += a  # blocks name the step's prefill requests
-                nb = reqs.shape[0]
-                blocks = np.concatenate((reqs, row0s))
-                top = int(hs[hs.argmax()])  # a request's last row block has its largest page
-            launch = _prefill_launch(nb, top if top > SHORT_MAX_LOCAL else 0, bm,
-                                     self._num_sms, self._score_elems)
-            plans.append((a, b, nb, gathered, offs, blocks, launch, n_blk))
+                gathered = [x if x > SHORT_MAX_LOCAL else 0 for x in hs]
+                offs = list(itertools.accumulate(gathered, initial=0))
+                qlen = [pq[i + 1] - pq[i] for i in range(a, b)]
+                bm = _block_m(max(qlen) * h)
+                nblk = [-(-(x * h) // bm) for x in qlen]  # row blocks per request
+                blocks, nb = qlen, sum(nblk)
+                top = max(hs)  # a request's last row block has its largest page
+            tpl = self._launch_template(nb, top if top > SHORT_MAX_LOCAL else 0, bm)
+            plans.append((a, b, nb, gathered, offs, blocks, nblk, bm, tpl, n_blk))
             n_blk += nb
         if n_blk > st.max_blocks:  # cannot happen within the config's limits
             v.fail("step", f"at most {st.max_blocks} prefill row blocks (staging)", n_blk)
@@ -875,62 +907,114 @@ class Indexer:
         st.acquire()
         host[:n_pre] = ps
         host[st.qsl_at:st.qsl_at + n_pre + 1] = pq
-        for k, (a, b, nb, gathered, offs, blocks, _, bo) in enumerate(plans):
+        for k, (a, b, nb, gathered, offs, blocks, nblk, bm, _, bo) in enumerate(plans):
             at = st.off_at + a + k
             host[at:at + b - a + 1] = offs
             host[st.pages_at + a:st.pages_at + b] = gathered
             at = st.blk_at + 2 * bo
-            host[at:at + 2 * nb] = blocks
-            if a and b - a == 1:
-                host[at:at + nb] = a  # blocks name the step's prefill requests
+            if nblk is None:  # one request: cached blocks
+                host[at:at + 2 * nb] = blocks
+                if a:
+                    host[at:at + nb] = a  # blocks name the step's prefill requests
+            else:
+                self._stage_row_blocks(host[at:at + 2 * nb], a, blocks, nblk, ps[a:b], h,
+                                       bm)
         st.copy(st.blk_at + 2 * n_blk)
         # min(device seq lens, host copy): kernels never read past the planned pages
-        seq = torch.minimum(step.seq_lens[nd:] if nd else step.seq_lens, st.caps(n_pre))
-        bt_all = step.block_table[nd:] if nd else step.block_table
-        width = bt_all.shape[1]
-        bt_stride = bt_all.stride(0)
+        seq = torch.minimum(seq_lens, st.caps(n_pre))
+        bt_stride, width = bt_all.stride()[0], bt_all.shape[1]
         ws8, qsl_d = self._ws8, st.qsl
+        gparts = self._gather_parts
         chunks = []
-        for k, (a, b, nb, gathered, offs, blocks, L, bo) in enumerate(plans):
+        for k, (a, b, nb, gathered, offs, _, _, _, tpl, bo) in enumerate(plans):
             n = b - a
             if k == 0:
                 ws_off, pages, blk, bt = st.off0, st.pages0, st.blk0, bt_all
-            else:
-                d = st.dev
-                ws_off = d[st.off_at + a + k:st.pages_at]
-                pages = d[st.pages_at + a:st.blk_at]
-                blk = d[st.blk_at + 2 * bo:]
+            else:  # the staging views are cached; the step's block table is sliced
+                ws_off, pages, blk = st.views(st.off_at + a + k, st.pages_at + a,
+                                              st.blk_at + 2 * bo)
                 bt = bt_all[a:]
-            total = int(offs[-1])
+            total = offs[-1]
             max_gather = max(gathered)
-            ch = PrefillChunk(a, b, int(pq[a]) - p0, int(pq[b]) - p0, offs, gathered, total)
             gather = []  # (grid, (block table, its row stride, pages, ws offsets))
             if total:
-                x = max_gather * self._gather_parts
-                for r0 in range(0, n, _MAX_GRID_Y):  # CUDA's grid y limit
-                    r1 = min(n, r0 + _MAX_GRID_Y)
-                    gather.append(((x, r1 - r0), (bt, bt_stride, pages, ws_off) if r0 == 0
-                                   else (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
-            cand, win = self._scratch_views(L["cand"], L["win_elems"])
-            ns, bm, keep = L["ns"], L["block_m"], L["keep"]
+                x = max_gather * gparts
+                gather.append(((x, min(n, _MAX_GRID_Y)), (bt, bt_stride, pages, ws_off)))
+                for r0 in range(_MAX_GRID_Y, n, _MAX_GRID_Y):  # CUDA's grid y limit
+                    gather.append(((x, min(n, r0 + _MAX_GRID_Y) - r0),
+                                   (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
+            static, score_kw, merge, cand, win = tpl
             # the score kernel reads ws offsets at (request - a): blocks name step requests
-            ch.launch = dict(L, max_gather=max_gather, gather=gather, width=width,
-                             score_grid=(nb, ns),
-                             score_args=(ws8, ws_off, a, qsl_d, seq, blk, nb, cand, win),
-                             score_kw=dict(H=h, BLOCK_M=bm, NUM_SPLITS=ns, DOT=self._dot,
-                                           WINDOW=L["win"], KEEP=keep,
-                                           TOKENS_N=self._tokens_n),
-                             merge=None)
+            launch = static.copy()
+            launch.update(max_gather=max_gather, gather=gather, width=width,
+                          score_grid=(nb, static["ns"]),
+                          score_args=(ws8, ws_off, a, qsl_d, seq, blk, nb, cand, win),
+                          score_kw=score_kw,
+                          merge=None if merge is None else
+                          ((nb, merge[0]), (cand, qsl_d, seq, blk, nb), merge[1]))
+            chunks.append(PrefillChunk(
+                a, b, pq[a] - p0, pq[b] - p0, offs, gathered, total, launch,
+                {"qsl": qsl_d, "seq": seq, "ws_off": ws_off, "pages": pages, "blocks": blk,
+                 "num_blocks": nb, "block_table": bt}))
+        return chunks
+
+    def _launch_template(self, num_blocks: int, score_pages: int, block_m: int) -> tuple:
+        """What a prefill chunk's launches share with every chunk of the same (row blocks,
+        score pages, BLOCK_M), cached (host time; never edited): ``(_prefill_launch``'s
+        dict, the score kernel's keywords, (merge grid x, merge keywords) or None, the
+        candidate and window scratch views)``."""
+        key = (num_blocks, score_pages, block_m)
+        got = self._templates.get(key)
+        if got is None:
+            if len(self._templates) > 4096:
+                self._templates.clear()
+            L = _prefill_launch(num_blocks, score_pages, block_m, self._num_sms,
+                                self._score_elems)
+            ns, keep = L["ns"], L["keep"]
+            score_kw = dict(H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
+                            DOT=self._dot, WINDOW=L["win"], KEEP=keep, TOKENS_N=self._tokens_n)
+            merge = None
             if ns > 1:
                 mrows, warps = L["merge_config"]
-                ch.launch["merge"] = ((nb, _cdiv(bm, mrows)), (cand, qsl_d, seq, blk, nb),
-                                      dict(H=h, BLOCK_M=bm, NUM_SPLITS=ns,
-                                           SPLITS_PAD=L["splits_pad"], ROWS=mrows, KEEP=keep,
-                                           num_warps=warps))
-            ch.dev = {"qsl": qsl_d, "seq": seq, "ws_off": ws_off, "pages": pages,
-                      "blocks": blk, "num_blocks": nb, "block_table": bt}
-            chunks.append(ch)
-        return chunks
+                merge = (_cdiv(block_m, mrows),
+                         dict(H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
+                              SPLITS_PAD=L["splits_pad"], ROWS=mrows, KEEP=keep,
+                              num_warps=warps))
+            cand, win = self._scratch_views(L["cand"], L["win_elems"])
+            got = self._templates[key] = (L, score_kw, merge, cand, win)
+        return got
+
+    def _stage_row_blocks(self, dst: np.ndarray, a: int, q_lens: list, nblk: list,
+                          seq_lens: list, h: int, bm: int) -> None:
+        """Write a several-request chunk's row blocks ``[2, nb]`` (step prefill request,
+        first row) into the int32 staging view ``dst`` (``2 * nb`` long): request ``a + i``
+        (query length ``q_lens[i]``) has ``nblk[i]`` blocks of ``bm`` rows, as
+        ``triton.heuristics.plan_row_blocks``. A few requests: one fill and one ramp copy
+        each; more: ``_row_blocks`` in numpy."""
+        nb = dst.shape[0] // 2
+        if len(nblk) <= _SCALAR_MAX:
+            ramp = self._row_ramp(bm)
+            at = 0
+            for i, m in enumerate(nblk):
+                dst[at:at + m] = a + i
+                dst[nb + at:nb + at + m] = ramp[:m]
+                at += m
+            return
+        reqs, row0s = _row_blocks(np.asarray(q_lens, dtype=np.int64),
+                                  np.asarray(seq_lens, dtype=np.int64), h, bm, pages=False)
+        dst[:nb] = reqs
+        if a:
+            dst[:nb] += a  # blocks name the step's prefill requests
+        dst[nb:] = row0s
+
+    def _row_ramp(self, block_m: int) -> np.ndarray:
+        """``arange(max row blocks) * block_m`` (int32, cached by block_m): first rows."""
+        got = self._row_ramps.get(block_m)
+        if got is None:
+            n = self._staging[0].max_blocks
+            got = self._row_ramps[block_m] = np.arange(0, n * block_m, block_m,
+                                                        dtype=np.int64).astype(np.int32)
+        return got
 
     def _single_blocks(self, q_len: int, h: int):
         """(BLOCK_M, int32 ``[2, nb]`` row blocks (request 0, first rows)) of a one-request
@@ -940,7 +1024,7 @@ class Indexer:
             if len(self._blocks) > 4096:
                 self._blocks.clear()
             rows = q_len * h
-            bm = min(128, max(16, 1 << (rows - 1).bit_length()))
+            bm = _block_m(rows)
             nb = _cdiv(rows, bm)
             blocks = np.zeros(2 * nb, dtype=np.int32)
             blocks[nb:] = np.arange(0, nb * bm, bm)
@@ -1154,23 +1238,28 @@ def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: in
     return launch
 
 
-def _chunk_bounds(hist: np.ndarray, budget: int) -> list[tuple[int, int]]:
-    """``reference.prefill.plan_chunks`` in numpy: greedy ``[start, end)`` request ranges
-    whose history pages ``hist`` (int64, each <= ``budget``) sum to at most ``budget``."""
-    n = hist.shape[0]
+def _chunk_bounds(hist: list, budget: int) -> list[tuple[int, int]]:
+    """``reference.prefill.plan_chunks`` on host ints: greedy ``[start, end)`` request ranges
+    whose history pages ``hist`` (ints >= 0, each <= ``budget``) sum to at most ``budget``
+    (prefix sums and a bisection per chunk)."""
+    n = len(hist)
     if n == 1:
         return [(0, 1)]
-    cs = np.empty(n + 1, dtype=np.int64)
-    cs[0] = 0
-    np.cumsum(hist, out=cs[1:])
+    cs = list(itertools.accumulate(hist, initial=0))
     if cs[n] <= budget:
         return [(0, n)]
     bounds, start = [], 0
     while start < n:
-        end = int(np.searchsorted(cs, cs[start] + budget, side="right")) - 1
+        end = bisect_right(cs, cs[start] + budget) - 1
         if end <= start:  # cannot happen: seq lens <= max_model_len (checked)
             v.fail("seq_lens_cpu", f"at most {budget} history pages per request "
-                   "(the gather workspace)", int(hist[start]))
+                   "(the gather workspace)", hist[start])
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def _block_m(rows: int) -> int:
+    """Prefill BLOCK_M for a chunk whose longest request has ``rows`` (token, head) rows:
+    the next power of two in 16..128."""
+    return min(128, max(16, 1 << (rows - 1).bit_length()))

@@ -459,9 +459,12 @@ def test_plan_fast_checks_imply_full_checks():
     bases.append(_step([5], [2900], 0))
 
     def same(fast, want):
+        def ints(x):
+            return x if x is None or isinstance(x, list) else x.tolist()
         return fast[:2] == want[:2] and all(
             (f is None and w is None) or (f is not None and w is not None
-                                          and f.tolist() == w.tolist())
+                                          and ints(f) == ints(w)
+                                          and isinstance(f, list) == isinstance(w, list))
             for f, w in zip(fast[2:], want[2:]))
     for s in bases:
         fast = ix._check_step_fast(s)
@@ -655,3 +658,56 @@ def test_forward_plain_checks_imply_full_checks(cache):
 def dataclasses_replace(md):
     import dataclasses
     return dataclasses.replace(md, generation=md.generation - 1)
+
+
+@pytest.mark.parametrize("scalar_max", [0, 16, 1000])
+def test_triton_plan_many_request_chunks(monkeypatch, scalar_max):
+    """Triton plan (host side only) of a step with 40 prefill requests: chunks equal
+    ``plan_prefill_chunks``; each chunk's staged row blocks equal
+    ``triton.heuristics.plan_row_blocks`` (step prefill request, first row), its workspace
+    offsets and page counts the chunk's; the fast checks accept the step with the full
+    checks' result. ``scalar_max`` moves the host-int / numpy switch of the checks and of
+    the row blocks (0: numpy everywhere, 1000: host ints everywhere)."""
+    import nvfp4_indexer.engine as eng
+    from nvfp4_indexer.triton.heuristics import plan_row_blocks
+    monkeypatch.setattr(eng, "_SCALAR_MAX", scalar_max)
+    rng = np.random.default_rng(14)
+    n_pre = 40
+    q_pre = rng.integers(1, 12, n_pre)
+    long = rng.random(n_pre) < 0.15  # 17..23 history pages: at most one per chunk of 32
+    seqs_pre = np.where(long, rng.integers(2200, 3000, n_pre),
+                        q_pre + rng.integers(0, 120, n_pre))
+    q_lens, seqs = [2, 2] + q_pre.tolist(), [300, 2500] + seqs_pre.tolist()
+    ix = ni.Indexer(_config(max_num_seqs=48, max_num_batched_tokens=1024), backend="triton")
+    step = _step(q_lens, seqs, 2, seed=14)
+    fast, full = ix._check_step_fast(step), ix._check_step_full(step)
+    assert fast is not None and fast[4:] == full[4:]
+    md = ix.plan(step)
+    qsl = step.query_start_loc_cpu.tolist()
+    want = plan_prefill_chunks(qsl[2:], seqs[2:], ix.config.gather_pages)
+    got = md.prefill_chunks
+    assert [(c.req_start, c.req_end, c.row_start, c.row_end) for c in got] == \
+        [(c.req_start, c.req_end, c.row_start, c.row_end) for c in want]
+    assert max(c.req_end - c.req_start for c in got) > 16 and len(got) > 2
+    pq = qsl[2:]
+    for c, w in zip(got, want):
+        assert list(c.page_offsets) == w.page_offsets and list(c.gather_pages) == w.gather_pages
+        assert c.total_pages == w.total_pages
+        n, nb, bm = c.req_end - c.req_start, c.dev["num_blocks"], c.launch["block_m"]
+        reqs, row0s, _ = plan_row_blocks(pq, seqs[2:], H, bm, range(c.req_start, c.req_end))
+        assert c.dev["blocks"][:2 * nb].tolist() == reqs + row0s
+        assert c.dev["ws_off"][:n + 1].tolist() == w.page_offsets
+        assert c.dev["pages"][:n].tolist() == w.gather_pages
+        assert c.dev["block_table"].data_ptr() == step.block_table[2 + c.req_start].data_ptr()
+    assert md.prefill_chunks[0].dev["seq"].tolist() == seqs[2:]
+
+
+def test_chunk_bounds_equal_plan_chunks():
+    from nvfp4_indexer.engine import _chunk_bounds
+    from nvfp4_indexer.reference.prefill import plan_chunks
+    rng = np.random.default_rng(15)
+    for _ in range(200):
+        budget = int(rng.integers(1, 40))
+        hist = rng.integers(0, budget + 1, int(rng.integers(1, 30)))
+        hist[rng.random(hist.shape[0]) < 0.3] = 0
+        assert _chunk_bounds(hist.tolist(), budget) == plan_chunks(hist.tolist(), budget)

@@ -151,7 +151,9 @@ PLAN_PHASES = [  # (owner, attribute, label); missing ones are skipped
     (eng.Indexer, "_plan_prefill", "prefill_plan"),
     (eng.Indexer, "_plan_triton_chunks", "triton_chunks"),
     (eng, "_row_blocks", "  row_blocks"),
+    (eng.Indexer, "_stage_row_blocks", "  row_blocks"),
     (eng, "_prefill_launch", "  launch_params"),
+    (eng.Indexer, "_launch_template", "  launch_params"),
     (eng._HostPlannedDecodeWrapper, "plan_from_host", "decode_copies"),
     (eng._Staging, "copy", "  h2d_copy"),
 ]
