@@ -186,6 +186,26 @@ def test_decode_lut_spec10_clamps():
         assert len(set(row[:15].tolist())) == 15
 
 
+def test_decode_lut_int32_min_seq_lens_are_padding():
+    """SPEC 10: seq_lens near INT32_MIN (edited after planning) must not wrap around: with
+    only the upper clamp, ``seq_len - Q + i`` (select) and ``seq_len - 1`` (scorer) overflow
+    int32 to huge positive values and the kernels read far outside the score row / the
+    block-table row (a segfault under the interpreter). They select like padding rows."""
+    q_len, heads = 2, 1
+    batch = Batch([2400, 2300], seed=6)
+    b, w = batch.block_table.shape
+    seq = torch.tensor([-2 ** 31, -2 ** 31 + 1], dtype=torch.int32, device=DEV)
+    q = random_q(b * q_len, heads, seed=3)
+    big, out = poisoned_out(b * q_len, heads)
+    dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
+    cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
+    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
+    runner.run(q, batch.cache, batch.block_table, seq, out)
+    assert_guards(big)
+    pad = torch.tensor([0] + [-1] * 15, dtype=torch.int32)
+    assert bool((out.cpu() == pad).all())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_lut_asm_bit_exact():

@@ -466,6 +466,23 @@ def test_gather_persistent_skips_what_the_default_skips(monkeypatch):
     assert bool((zero == POISON).all()) and bool((zero_p == POISON).all())
 
 
+def test_gather_persistent_honours_max_pages(monkeypatch):
+    """Device page counts past the host ``max_pages`` (metadata edited after planning: the
+    counts are read on the device): the default grid covers pages ``< min(max_pages, W)``
+    only, and the persistent kernel clamps to the same bound, so both write the same pages."""
+    gen = _gen(16)
+    cache = _random_cache(5, gen)
+    counts = torch.tensor([4, 1, 3], dtype=torch.int32)
+    block_table = torch.randint(0, 5, (3, 4), generator=gen, dtype=torch.int32).to(DEV)
+    offsets = torch.tensor([0, 4, 5], dtype=torch.int32)
+    default, persistent = _gather_both(monkeypatch, cache, block_table, counts.to(DEV),
+                                       offsets.to(DEV), 8, 2, False, 2, 1)
+    _assert_bytes_equal(persistent, default)
+    written = [0, 1, 4, 5, 6]
+    assert not bool((persistent[written] == POISON).all(dim=(1, 2)).any())
+    assert bool((persistent[[2, 3, 7]] == POISON).all())
+
+
 # ---------------------------------------------------------------------------------------------
 # Fused norm + RoPE kernels: SPEC 3 band rule
 # ---------------------------------------------------------------------------------------------

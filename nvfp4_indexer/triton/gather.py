@@ -182,7 +182,8 @@ def _gather_persistent_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len
                               STREAM: tl.constexpr = False):
     """Persistent form of ``_gather_kernel`` (same bytes written): work item t is one part
     (128 / PAGE_PARTS tokens, one tile) of one page, items numbered request by request, page
-    by page (request r's pages ``j < min(n_r, width)``); program p takes items p, p + G, ...
+    by page (request r's pages ``j < min(n_r, width)``; ``gather_into`` passes
+    ``min(W, max_pages)`` as ``width``, the default grid's bound); program p takes items p, p + G, ...
     (G programs) until past the last request's, a bound read on the device. Software
     pipeline: while item k is dequantized and stored, item k + 1's page bytes and item
     k + 2's block id are in flight."""
@@ -315,9 +316,12 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
                           tuning.programs_per_sm, cache.device)
     with device_guard(cache.device):
         if tuning.persistent:  # every request in one launch: grid-stride over work items
+            # page counts clamped to min(max_pages, W): the default grid's pages (same bytes
+            # even when device counts exceed the host max_pages)
             _gather_persistent_kernel[(grid,)](
                 cache, cache.stride(0), block_table, block_table.stride(0), lengths,
-                page_offsets, ws, ws.shape[0], width, cache.shape[0], r, **consts)
+                page_offsets, ws, ws.shape[0], min(width, max_pages), cache.shape[0], r,
+                **consts)
             return
         # pages on the grid's x axis (up to 2^31 - 1 programs), requests on y: at most
         # MAX_GRID_Y per launch
