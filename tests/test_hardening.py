@@ -127,6 +127,30 @@ def test_seq_lens_edited_past_the_table_width_give_in_range_pages(backend, q_len
     assert torch.equal(out, ni.decode_indexer(q, cache, bt, seq, q_len, backend="reference"))
 
 
+@pytest.mark.parametrize("page_scores", [False, True])
+@pytest.mark.parametrize("bad", [-2 ** 31, -2 ** 31 + 2, -1])
+def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
+    """A negative device seq_len (INT32_MIN included, where ``seq_len - 1`` and
+    ``seq_len - Q + i`` would wrap to huge positions) is a padding request on both Triton
+    decode paths (the one-launch kernel; the page-score path: "wgmma" on an SM90 GPU, its
+    "lut" twin elsewhere): rows ``[0, -1 x 15]``, nothing read outside the block-table row or
+    the score scratch (SPEC 10; before: the wrapped page counts ran off the row)."""
+    from nvfp4_indexer.triton import decode_wgmma as WG
+    _, cache = _parent_cache(2)
+    q_len, b = 3, 1
+    bt, seq, q = _batch(2, q_len=q_len)
+    dequant = None
+    if page_scores:
+        dequant = "wgmma" if WG.wgmma_available(DEV) else "lut"
+    cfg = TD.DecodeConfig(dequant=dequant, dot=None if DEV == "cuda" else "fp32")
+    runner = TD.DecodeRunner(2, b, W, q_len, DEV, config=cfg)
+    out = torch.full((q_len, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    runner.run(q, cache, bt, torch.full_like(seq, bad), out)
+    want = torch.full_like(out, -1)
+    want[..., 0] = 0
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_gather_kernel_clamps_pages_to_the_width_and_blocks_to_the_cache(monkeypatch,
                                                                          persistent):

@@ -45,6 +45,7 @@ from .layout import (CODE_BYTES, GROUPS, HEAD, HISTORY, PAGE, SCALES_OFFSET, loc
                      num_history_pages, scored_pages, split_range)
 from .lut import lut_dequant_portable, lut_table
 from .numerics import e4m3_decode
+from .scan import clamped_seq_len
 from .scoring import page_max
 from .topk import EMPTY, candidate_id, pack_candidate
 
@@ -93,14 +94,6 @@ def scratch_elems(num_reqs: int, width: int, rows: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
-def _clamped_seq_len(seq_lens_ptr, b, width):
-    """Request b's seq_len clamped to ``[0, W * 128]`` (SPEC 10): past the width no page
-    outside the block-table row is read; below 0 (metadata edited after planning) neither
-    ``seq_len - 1`` nor ``seq_len - Q + i`` wraps around int32 (the rows are padding rows)."""
-    return tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE), 0)
-
-
-@triton.jit
 def _class_max(row_scores, g, local, below, r0, GROUP: tl.constexpr):
     """Largest packed candidate < ``below`` among pages ``j = g + 16 r``, r in
     ``[r0, r0 + GROUP)``, ``j < local`` (EMPTY if none): ``row_scores`` is the row's fp32
@@ -124,7 +117,7 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
     m = tl.program_id(1)  # row i*H + h of request b
     i = m // H
     h = m % H
-    seq_len = _clamped_seq_len(seq_lens_ptr, b, width)
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
     p = seq_len - Q + i
     local = local_page(p)  # padding rows (p < 0) select like L = 0
     row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
@@ -162,7 +155,7 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
 def _page_range(seq_lens_ptr, b, split, width, NUM_SPLITS: tl.constexpr):
     """``(seq_len clamped to [0, W*128], first page, end page)`` of program (b, split): the
     split's share of the last query's history, none when every row is short (SPEC 5)."""
-    seq_len = _clamped_seq_len(seq_lens_ptr, b, width)
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
     start, end = split_range(scored_pages(num_history_pages(seq_len)), split, NUM_SPLITS)
     return seq_len, start, end
 

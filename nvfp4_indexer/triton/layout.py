@@ -29,9 +29,9 @@ SHORT_MAX_LOCAL = C.TOPK - 1
 
 @triton.jit
 def num_history_pages(seq_len):
-    """History pages of a request's last query, ``(seq_len - 1) // 128`` (0 for seq_len 0)
-    (SPEC 4, 7)."""
-    return tl.maximum(seq_len - 1, 0) // PAGE
+    """History pages of a request's last query, ``(seq_len - 1) // 128`` (0 for seq_len <= 0,
+    INT32_MIN included: no wrap-around) (SPEC 4, 7)."""
+    return (tl.maximum(seq_len, 1) - 1) // PAGE
 
 
 @triton.jit

@@ -79,8 +79,9 @@ def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl
 
 @triton.jit
 def clamped_seq_len(seq_lens_ptr, b, width):
-    """Request b's seq_len clamped to the block-table width ``width * 128`` (SPEC 10)."""
-    return tl.minimum(tl.load(seq_lens_ptr + b), width * PAGE)
+    """Request b's seq_len clamped to ``[0, width * 128]`` (SPEC 10: a negative device value,
+    INT32_MIN included, is a padding request; positions derived from it cannot wrap)."""
+    return tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), width * PAGE)
 
 
 @triton.jit
@@ -112,7 +113,7 @@ def block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk, rows,
     row0 = tl.load(blk_ptr + num_blocks + blk)
     q_start = tl.load(qsl_ptr + r)
     q_len = tl.load(qsl_ptr + r + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + r)
+    seq_len = tl.maximum(tl.load(seq_lens_ptr + r), 0)  # no wrap-around below (SPEC 10)
     m = row0 + rows
     row_ok = m < q_len * H
     t = m // H

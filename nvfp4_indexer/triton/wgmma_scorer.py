@@ -81,7 +81,7 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     b = gl.program_id(0)
     split = gl.program_id(1)
-    seq_len = gl.minimum(gl.load(seq_lens_ptr + b), width * PAGE)  # SPEC 10 clamp
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)  # SPEC 10
     n_pages = gl.maximum(seq_len - 1, 0) // PAGE
     n_pages = gl.where(n_pages > HISTORY, n_pages, 0)  # only short rows: nothing to score
     per = gl.cdiv(n_pages, NUM_SPLITS)
