@@ -877,6 +877,7 @@ class Indexer:
                           "block_table": bt_all[a:b]}
                 chunks.append(ch)
             return chunks
+        from .triton.heuristics import prefill_block_m
         h = self.config.num_heads
         st = self._staging[self._slot]
         host = st.host_np
@@ -894,7 +895,7 @@ class Indexer:
                 gathered = [x if x > SHORT_MAX_LOCAL else 0 for x in hs]
                 offs = list(itertools.accumulate(gathered, initial=0))
                 qlen = [pq[i + 1] - pq[i] for i in range(a, b)]
-                bm = _block_m(max(qlen) * h)
+                bm = prefill_block_m(max(qlen), h)
                 nblk = [-(-(x * h) // bm) for x in qlen]  # row blocks per request
                 blocks, nb = qlen, sum(nblk)
                 top = max(hs)  # a request's last row block has its largest page
@@ -1023,8 +1024,9 @@ class Indexer:
         if got is None:
             if len(self._blocks) > 4096:
                 self._blocks.clear()
+            from .triton.heuristics import prefill_block_m
             rows = q_len * h
-            bm = _block_m(rows)
+            bm = prefill_block_m(q_len, h)
             nb = _cdiv(rows, bm)
             blocks = np.zeros(2 * nb, dtype=np.int32)
             blocks[nb:] = np.arange(0, nb * bm, bm)
@@ -1257,9 +1259,3 @@ def _chunk_bounds(hist: list, budget: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
-
-
-def _block_m(rows: int) -> int:
-    """Prefill BLOCK_M for a chunk whose longest request has ``rows`` (token, head) rows:
-    the next power of two in 16..128."""
-    return min(128, max(16, 1 << (rows - 1).bit_length()))

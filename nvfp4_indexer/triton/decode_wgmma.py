@@ -121,8 +121,7 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
     p = seq_len - Q + i
     local = local_page(p)  # padding rows (p < 0) select like L = 0
     row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
-    cls = tl.arange(0, 16)
-    slot = tl.arange(0, 16)
+    slot = tl.arange(0, 16)  # output slots; also the 16 residue classes
     res = tl.where(slot <= local, slot, -1)  # L <= 15 (padding rows: L = 0), per SPEC 5
     if local > HISTORY:
         cmax = tl.full([16], EMPTY, tl.int64)
@@ -141,7 +140,7 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
             nxt = tl.full([], EMPTY, tl.int64)
             for r0 in range(0, per_class, GROUP):
                 nxt = tl.maximum(nxt, _class_max(row_scores, g, local, best, r0, GROUP))
-            cmax = tl.where(cls == g, nxt, cmax)
+            cmax = tl.where(slot == g, nxt, cmax)
         res = tl.where(slot == HISTORY, local, res)
     row = (b * Q + i).to(tl.int64)
     tl.store(out_ptr + (row * H + h) * 16 + slot, res)
