@@ -9,6 +9,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --window 1 --maxnreg 128
     python -m benchmarks.sass_stats --elementwise          # gather and insert kernels
     python -m benchmarks.sass_stats --wgmma                # the Gluon wgmma decode scorer
+    python -m benchmarks.sass_stats --mma [--arch 89|100]  # the Gluon mma decode scorer
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
@@ -124,6 +125,49 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
+def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
+    """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
+    ``sm_<arch>``, at the launcher's register cap unless ``maxnreg`` is given."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from nvfp4_indexer.triton.decode import block_rows
+    from nvfp4_indexer.triton.decode_wgmma import mma_layouts
+    from nvfp4_indexer.triton.heuristics import MMA_MAXNREG, MMA_STAGES
+    from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
+    rows = block_rows(q_len, heads)
+    cl, mma, ql, scl = mma_layouts(rows)
+    consts = dict(Q=q_len, H=heads, N=rows, NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql,
+                  SCL=scl, STAGES=MMA_STAGES)
+    fn = mma_score_kernel
+    sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
+    aligned = ("q_ptr", "cache_ptr", "page_stride8", "bt_ptr", "seq_lens_ptr", "tbl_ptr",
+               "scores_ptr")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    opts = {"num_warps": 1, "maxnreg": MMA_MAXNREG if maxnreg is None else maxnreg}
+    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options=opts)
+
+
+def mma_report(arch: int = 90) -> list[str]:
+    """Registers and per-page SASS instructions of the Gluon mma decode scorer, by rows."""
+    lines = []
+    for q_len, heads in ((8, 4), (4, 4), (1, 4), (8, 8)):
+        k = compile_mma(q_len=q_len, heads=heads, arch=arch)
+        st = sass_stats(k)
+        sass_loops = [n for n, _ in st["loops"]]
+        ptx = k.asm["ptx"]
+        lines.append(f"mma sm_{arch} Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
+                     f"{st['registers']} registers, {st['local_bytes']} B local, "
+                     f"{st['spill_ops']} LDL/STL, page loop "
+                     f"body {max(sass_loops)} SASS instructions, "
+                     f"{ptx.count('mma.sync.aligned')} mma.sync, "
+                     f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
+                     f"{k.metadata.shared} B shared")
+    return lines
+
+
 def wgmma_report() -> list[str]:
     """Registers and per-page SASS instructions of the Gluon wgmma decode scorer, by rows."""
     lines = []
@@ -172,8 +216,8 @@ def _tool(name: str) -> str:
 
 
 def sass_stats(kernel) -> dict:
-    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]`` and F2FP count
-    of a compiled kernel's SASS."""
+    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]``, F2FP count and
+    local-memory (spill) instructions of a compiled kernel's SASS."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -194,7 +238,8 @@ def sass_stats(kernel) -> dict:
                           sum("HGMMA" in lines[k] for k in body)))
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
             "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
-            "instructions": sum(is_ins), "loops": loops, "f2fp": sass.count("F2FP")}
+            "instructions": sum(is_ins), "loops": loops, "f2fp": sass.count("F2FP"),
+            "spill_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
 
 
 def main(argv=None) -> int:
@@ -206,12 +251,19 @@ def main(argv=None) -> int:
                     help="the gather and insert kernels instead of the score kernels")
     ap.add_argument("--wgmma", action="store_true",
                     help="the Gluon wgmma decode scorer (decode dequant 'wgmma')")
+    ap.add_argument("--mma", action="store_true",
+                    help="the Gluon warp-per-split decode scorer (decode dequant 'mma')")
+    ap.add_argument("--arch", type=int, default=90, help="--mma target (89, 90, 100)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
     if args.wgmma:
         for line in wgmma_report():
+            print(line, flush=True)
+        return 0
+    if args.mma:
+        for line in mma_report(args.arch):
             print(line, flush=True)
         return 0
     if args.elementwise:

@@ -132,7 +132,7 @@ def test_seq_lens_edited_past_the_table_width_give_in_range_pages(backend, q_len
 def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
     """A negative device seq_len (INT32_MIN included, where ``seq_len - 1`` and
     ``seq_len - Q + i`` would wrap to huge positions) is a padding request on both Triton
-    decode paths (the one-launch kernel; the page-score path: "wgmma" on an SM90 GPU, its
+    decode paths (the one-launch kernel; the page-score path: "mma" on an SM89+ GPU, its
     "lut" twin elsewhere): rows ``[0, -1 x 15]``, nothing read outside the block-table row or
     the score scratch (SPEC 10; before: the wrapped page counts ran off the row)."""
     from nvfp4_indexer.triton import decode_wgmma as WG
@@ -141,7 +141,7 @@ def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
     bt, seq, q = _batch(2, q_len=q_len)
     dequant = None
     if page_scores:
-        dequant = "wgmma" if WG.wgmma_available(DEV) else "lut"
+        dequant = "mma" if WG.mma_available(DEV) else "lut"
     cfg = TD.DecodeConfig(dequant=dequant, dot=None if DEV == "cuda" else "fp32")
     runner = TD.DecodeRunner(2, b, W, q_len, DEV, config=cfg)
     out = torch.full((q_len, 2, 16), POISON, dtype=torch.int32, device=DEV)

@@ -22,7 +22,7 @@ FIELDS = [
     (DecodeConfig, "programs_per_sm", 8, [0, False]),
     (DecodeConfig, "maxnreg", 255, [23, 256, True]),
     (DecodeConfig, "pdl", True, [1, None, "yes", np.bool_(True)]),
-    (DecodeConfig, "wgmma_min_pages", 0, [-1, True]),
+    (DecodeConfig, "page_score_min_pages", 0, [-1, True]),
     (PrefillConfig, "dot", "fp16", ["x", False]),
     (PrefillConfig, "num_splits", 2, [0, True]),
     (PrefillConfig, "window", 4, [3, True, 128]),

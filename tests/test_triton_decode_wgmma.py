@@ -1,11 +1,12 @@
-"""The wgmma decode path (``triton.decode_wgmma``, ``triton.lut``) vs the reference (SPEC 1.4,
-4-6, 9, 10).
+"""The page-score decode paths (``triton.decode_wgmma``: the Gluon "mma" and "wgmma" scorers,
+``triton.lut``) vs the reference (SPEC 1.4, 4-6, 9, 10).
 
 CPU (interpreter): the lookup table and its portable twin bit for bit over all 16 codes x 256
 scale bytes; the plain-Triton twin of the two-launch decode ("lut": same scratch, same select
 kernel) against the exact reference, with poisoned outputs, NaN / negative-scale pages, exact
-ties, and SPEC 10 clamps (block ids outside the cache, seq_lens past the table width).
-GPU (SM90): the inline-PTX lookup bit for bit, and the Gluon wgmma scorer with its knobs
+ties, and SPEC 10 clamps (block ids outside the cache, seq_lens past the table width); both
+Gluon scorers compile offline for sm_90a (and "mma" for sm_100a) without spills.
+GPU (SM90): the inline-PTX lookup bit for bit, and the same tests through both Gluon scorers
 against the reference (tie-aware, b = 15), in CUDA-graph replays after in-place changes.
 """
 
@@ -39,6 +40,9 @@ from nvfp4_indexer.triton import lut  # noqa: E402
 from conformance.fixtures import OUT_POISON
 
 WG = K["decode_wgmma"]
+# the page-score scorers a test runs: the Gluon kernels on a GPU that has them, else the twin
+FAST_MODES = [m for m, ok in (("mma", HAS_CUDA and WG.mma_available(DEV)),
+                              ("wgmma", HAS_CUDA and WG.wgmma_available(DEV))) if ok] or ["lut"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
@@ -101,9 +105,10 @@ def _special_pages(batch: Batch) -> None:
             page[8192:] = 0x7E  # 6 * 448 saturates
 
 
+@pytest.mark.parametrize("dequant", FAST_MODES)
 @pytest.mark.parametrize("q_len,heads,num_splits", [(1, 1, 1), (2, 2, 3), (8, 1, None),
                                                     (4, 4, 2)])
-def test_decode_lut_twin_matches_reference(q_len, heads, num_splits):
+def test_decode_lut_twin_matches_reference(q_len, heads, num_splits, dequant):
     """The two-launch path with its plain-Triton scorer: selections valid against the exact
     scores (tie-aware, b = 16), exact ties (aliased blocks) by smaller id, NaN pages below
     every number, nothing written outside ``out``'s rows."""
@@ -113,7 +118,6 @@ def test_decode_lut_twin_matches_reference(q_len, heads, num_splits):
     b = batch.seq_lens.shape[0]
     q = random_q(b * q_len, heads, seed=q_len + 1)
     big, out = poisoned_out(b * q_len, heads)
-    dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
     cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=num_splits,
                               dot=None if HAS_CUDA else "fp32")
     runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV, config=cfg)
@@ -161,7 +165,8 @@ def test_select_kernel_matches_reference(width):
     assert torch.equal(out.cpu(), ref.select_pages(per_row, local))
 
 
-def test_decode_lut_spec10_clamps():
+@pytest.mark.parametrize("dequant", FAST_MODES)
+def test_decode_lut_spec10_clamps(dequant):
     """SPEC 10: block ids outside the cache and seq_lens past the table width (metadata edited
     after planning) never read outside the cache or the table row: output ids stay in [0, W)
     with the local page clamped to W - 1, and history slots hold real ids."""
@@ -174,7 +179,6 @@ def test_decode_lut_spec10_clamps():
     seq = torch.tensor([w * 128 + 5000, 2300], dtype=torch.int32, device=DEV)
     q = random_q(b * q_len, heads, seed=2)
     big, out = poisoned_out(b * q_len, heads)
-    dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
     cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
     runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
     runner.run(q, batch.cache, bt, seq, out)
@@ -186,7 +190,8 @@ def test_decode_lut_spec10_clamps():
         assert len(set(row[:15].tolist())) == 15
 
 
-def test_decode_lut_int32_min_seq_lens_are_padding():
+@pytest.mark.parametrize("dequant", FAST_MODES)
+def test_decode_lut_int32_min_seq_lens_are_padding(dequant):
     """SPEC 10: seq_lens near INT32_MIN (edited after planning) must not wrap around: with
     only the upper clamp, ``seq_len - Q + i`` (select) and ``seq_len - 1`` (scorer) overflow
     int32 to huge positive values and the kernels read far outside the score row / the
@@ -197,7 +202,6 @@ def test_decode_lut_int32_min_seq_lens_are_padding():
     seq = torch.tensor([-2 ** 31, -2 ** 31 + 1], dtype=torch.int32, device=DEV)
     q = random_q(b * q_len, heads, seed=3)
     big, out = poisoned_out(b * q_len, heads)
-    dequant = "wgmma" if HAS_CUDA and WG.wgmma_available(DEV) else "lut"
     cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
     runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
     runner.run(q, batch.cache, batch.block_table, seq, out)
@@ -219,12 +223,13 @@ def test_gpu_lut_asm_bit_exact():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dequant", ["mma", "wgmma"])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
-def test_gpu_wgmma_decode_graph_replays(num_splits):
-    """The Gluon scorer: tie-aware vs the exact reference (b = 15), captured once in a CUDA
+def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
+    """The Gluon scorers: tie-aware vs the exact reference (b = 15), captured once in a CUDA
     graph and replayed after in-place changes of seq_lens."""
-    if not WG.wgmma_available(DEV):
-        pytest.skip("needs an SM90 GPU")
+    if dequant not in FAST_MODES:
+        pytest.skip(f"{dequant!r} needs an SM90 GPU")
     q_len, heads = 8, 4
     lens = [40_000, 0, 129, 2050, 16_500, 12_345, 33_000, 19_999]
     batch = Batch(lens, seed=31)
@@ -232,7 +237,7 @@ def test_gpu_wgmma_decode_graph_replays(num_splits):
     b = len(lens)
     q = random_q(b * q_len, heads, seed=5)
     runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
-                                 config=DECODE.DecodeConfig(dequant="wgmma",
+                                 config=DECODE.DecodeConfig(dequant=dequant,
                                                             num_splits=num_splits))
     bt, seq = batch.block_table.clone(), batch.seq_lens.clone()
     big, out = poisoned_out(b * q_len, heads)
@@ -263,12 +268,18 @@ from benchmarks.sass_stats import wgmma_report
 for line in wgmma_report():
     print(line)
 '''
+_MMA_COMPILE = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+from benchmarks.sass_stats import mma_report
+for arch in (90, 100):
+    for line in mma_report(arch):
+        print(line)
+'''
 
 
-def test_wgmma_scorer_compiles_offline_for_sm90():
-    """The Gluon scorer compiles for sm_90a (no GPU): the A-operand conversions are register
-    renamings (``assert_trivial``), nothing spills, 16 wgmma per page (2 halves x 8 k-steps),
-    and at Q*H <= 32 rows it fits 4 CTAs of 128 threads per SM (<= 128 registers)."""
+def _offline(script: str) -> list[str]:
+    """Run an offline-compile report in a subprocess without the interpreter."""
     try:
         from triton.backends.nvidia import compiler  # noqa: F401
         from triton.experimental.gluon._runtime import GluonASTSource  # noqa: F401
@@ -277,13 +288,39 @@ def test_wgmma_scorer_compiles_offline_for_sm90():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _WGMMA_COMPILE], env=env, cwd=root,
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is unavailable")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 4, proc.stdout
+    return proc.stdout.strip().splitlines()
+
+
+def test_mma_scorer_compiles_offline():
+    """The warp-per-split scorer compiles for sm_90a and sm_100a (no GPU): the A-operand
+    conversions are register renamings (``assert_trivial``), nothing spills at the launcher's
+    cap (``MMA_MAXNREG``: 3 one-warp programs per scheduler) up to ``MMA_MAX_ROWS`` rows, one m16n8k16 per (16 tokens,
+    8 rows, 16 dims) of a page, three cp.async per chunk of 16 tokens (2 code runs of 16
+    bytes, 4 scale bytes per lane) and the 4-slot ring's 4.5 KB of shared memory."""
+    from nvfp4_indexer.triton.heuristics import MMA_MAX_ROWS, MMA_MAXNREG
+    lines = _offline(_MMA_COMPILE)
+    assert len(lines) == 8, lines
+    for ln in lines:
+        regs = int(ln.split(": ")[1].split()[0])
+        rows = int(ln.split(" N ")[1].split(":")[0])
+        assert regs <= MMA_MAXNREG, ln
+        if rows <= MMA_MAX_ROWS:  # 64 rows spill: the default takes "wgmma" there
+            assert " 0 B local, 0 LDL/STL" in ln, ln
+        # 8 chunks x rows / 8 n-tiles x 8 k-steps; 3 chunks in the prologue + 8 in the loop
+        assert f" {8 * rows} mma.sync, 33 cp.async, 4608 B shared" in ln, ln
+
+
+def test_wgmma_scorer_compiles_offline_for_sm90():
+    """The Gluon scorer compiles for sm_90a (no GPU): the A-operand conversions are register
+    renamings (``assert_trivial``), nothing spills, 16 wgmma per page (2 halves x 8 k-steps),
+    and at Q*H <= 32 rows it fits 4 CTAs of 128 threads per SM (<= 128 registers)."""
+    lines = _offline(_WGMMA_COMPILE)
+    assert len(lines) == 4, lines
     for ln in lines:
         regs = int(ln.split(": ")[1].split()[0])
         assert " 0 B local" in ln and "16 wgmma" in ln, ln

@@ -19,7 +19,7 @@ from .ptx import DEQUANT_MODES as KERNEL_DEQUANT_MODES  # the one-launch score k
 from .dot_modes import DOT_MODES
 
 # Mode names (the kernels' DEQUANT constexprs).
-PAGE_SCORE_MODES = ("wgmma", "lut")  # decode_wgmma: page scores to a scratch, then select
+PAGE_SCORE_MODES = ("wgmma", "mma", "lut")  # decode_wgmma: page scores to a scratch, then select
 DECODE_DEQUANT_MODES = KERNEL_DEQUANT_MODES + PAGE_SCORE_MODES
 GATHER_DEQUANT_MODES = ("triton", "ptx")
 POW2_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
@@ -58,9 +58,10 @@ class DecodeConfig(_Config):
         dot: dot mode, one of ``DOT_MODES`` (default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison, see ``decode.SCORE_ERROR_BITS``).
         dequant: one of ``DECODE_DEQUANT_MODES`` (default ``heuristics.choose_dequant``):
-            "wgmma" (SM90, dot fp16) / "lut" (its plain-Triton twin, dot fp32) score pages to
-            a scratch then select (``decode_wgmma``); "triton" / "ptx" (SM89+) / "ptx_arith"
-            (SM90+) run the one-launch kernel (ptx modes: CUDA and dot fp16).
+            "mma" (one warp per program, CUDA SM89+, dot fp16) / "wgmma" (SM90, dot fp16) /
+            "lut" (their plain-Triton twin, dot fp32) score pages to a scratch then select
+            (``decode_wgmma``); "triton" / "ptx" (SM89+) / "ptx_arith" (SM90+) run the
+            one-launch kernel (ptx modes: CUDA and dot fp16).
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
             ``heuristics.choose_num_splits``).
         window: pages scored between two top-k merges, a power of two with
@@ -69,13 +70,15 @@ class DecodeConfig(_Config):
             ``heuristics.decode_window``); 1 inserts each page's candidate at once.
         num_warps: score-kernel warps, one of 1, 2, 4, 8, 16. num_stages: its pipeline
             stages, >= 1.
-        programs_per_sm: split target (default ``PROGRAMS_PER_SM``, ``WGMMA_PROGRAMS_PER_SM``
-            for "wgmma"; ignored when ``num_splits`` is given), >= 1.
-        maxnreg: score-kernel register cap in 24..255 or None (no cap; the interpreter has
-            none).
+        programs_per_sm: split target (default ``PROGRAMS_PER_SM``; ``MMA_PROGRAMS_PER_SM``
+            for "mma", ``WGMMA_PROGRAMS_PER_SM`` for "wgmma"; ignored when ``num_splits`` is
+            given), >= 1.
+        maxnreg: score-kernel register cap in 24..255, or None for the mode's default
+            (``MAXNREG`` for the one-launch kernel, ``MMA_MAXNREG`` for "mma", none for
+            "wgmma"; the interpreter has none).
         pdl: launch the merge kernel with programmatic dependent launch (SM90+ only).
-        wgmma_min_pages: B * (W - 1) below which the default dequant is "ptx" rather than
-            "wgmma" (default ``WGMMA_MIN_PAGES``), >= 0.
+        page_score_min_pages: B * (W - 1) from which the default dequant on an SM90 GPU is
+            "mma" rather than the one-launch "ptx" (default ``MMA_MIN_PAGES``), >= 0.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
@@ -87,9 +90,9 @@ class DecodeConfig(_Config):
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int | None = None
-    maxnreg: int | None = hz.MAXNREG
+    maxnreg: int | None = None
     pdl: bool = False
-    wgmma_min_pages: int | None = None
+    page_score_min_pages: int | None = None
 
     def __post_init__(self):
         _choice("dot", self.dot, DOT_MODES)
@@ -98,7 +101,7 @@ class DecodeConfig(_Config):
               num_warps=dict(choices=(1, 2, 4, 8, 16)), num_stages=dict(lo=1),
               programs_per_sm=dict(lo=1, optional=True),
               maxnreg=dict(lo=24, hi=255, optional=True),
-              wgmma_min_pages=dict(lo=0, optional=True))
+              page_score_min_pages=dict(lo=0, optional=True))
         if self.window is not None:  # BLOCK_M >= MIN_BLOCK_M: the runner checks the rest
             w = self.window
             if not is_int(w) or w < 1 or int(w) & (int(w) - 1) \

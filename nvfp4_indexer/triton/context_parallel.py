@@ -106,7 +106,7 @@ class ContextParallelRunner:
         device: the CUDA device (or CPU under the interpreter).
         config: the score kernel's tuning (``config.DecodeConfig``, as ``decode.DecodeRunner``;
             its dequant must be a one-launch kernel mode, ``KERNEL_DEQUANT_MODES``, and pdl
-            False; wgmma_min_pages is unused).
+            False; page_score_min_pages is unused).
         rows_per_program: query rows per program of the reduce and merge kernels (a power of
             two; default ``heuristics.merge_config``'s one row on a GPU, and under the
             interpreter all of a request's rows: fewer interpreted programs).
@@ -164,8 +164,8 @@ class ContextParallelRunner:
                              f"{hz.MAX_WINDOW_ELEMS}, got {window} (BLOCK_M {self.block_m})")
         self.dequant, self.window = dequant, window
         self.num_warps, self.num_stages = cfg.num_warps, cfg.num_stages
-        self._reg_cap = ({} if cfg.maxnreg is None or portable_default(self.device)
-                         else {"maxnreg": cfg.maxnreg})
+        cap = hz.MAXNREG if cfg.maxnreg is None else cfg.maxnreg
+        self._reg_cap = {} if portable_default(self.device) else {"maxnreg": cap}
         self.splits_pad = hz.next_pow2(self.num_splits)
         self.reduce_rows, self.reduce_warps = hz.merge_config(self.num_splits, self.keep)
         self.world_pad = hz.next_pow2(world)

@@ -107,7 +107,7 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
         num_sms: SMs of the GPU the runner will use; default: the current CUDA device's, or
             132 without CUDA.
         config: the runner's ``DecodeConfig`` (its window / num_splits / programs_per_sm /
-            dequant / wgmma_min_pages shape the scratch; default ``DecodeConfig()``).
+            dequant / page_score_min_pages shape the scratch; default ``DecodeConfig()``).
         device: the runner's device (default: the current CUDA device, or the CPU).
     Returns:
         Number of float32 elements: the int64 candidate scratch (none when the runner does not
@@ -124,10 +124,10 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
             if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     dequant = cfg.dequant
+    rows = block_rows(query_len, num_heads)
     if dequant is None:
         dequant = hz.choose_dequant(device, "fp32" if portable_default(device) else "fp16",
-                                    num_reqs, num_pages, cfg.wgmma_min_pages)
-    rows = block_rows(query_len, num_heads)
+                                    num_reqs, num_pages, cfg.page_score_min_pages, rows)
     if dequant in PAGE_SCORE_MODES:
         return decode_wgmma.scratch_elems(num_reqs, num_pages, rows)
     if num_sms is None:
@@ -224,7 +224,7 @@ class DecodeRunner:
             ``score_buffer_size(B, W, H, Q, config=config)`` elements (8-byte aligned),
             shared with runners that never run concurrently.
         config: tuning (``config.DecodeConfig``: dot, dequant, num_splits, window, num_warps,
-            num_stages, programs_per_sm, maxnreg, pdl, wgmma_min_pages); None = defaults
+            num_stages, programs_per_sm, maxnreg, pdl, page_score_min_pages); None = defaults
             (``heuristics``). Every config selects the same pages up to SPEC 9's ties.
         warmup: compile both kernels now by one launch on an all-padding batch (default on
             CUDA), so that capturing ``run`` never compiles.
@@ -255,10 +255,11 @@ class DecodeRunner:
         self.block_m = block_rows(query_len, num_heads)
         self.dot = resolve_dot(cfg.dot, self.device)
         dequant = cfg.dequant or hz.choose_dequant(self.device, self.dot, num_reqs, width,
-                                                   cfg.wgmma_min_pages)
+                                                   cfg.page_score_min_pages, self.block_m)
         _check_dequant(dequant, self.dot, self.device)
-        pps = cfg.programs_per_sm or (hz.WGMMA_PROGRAMS_PER_SM if dequant == "wgmma"
-                                      else hz.PROGRAMS_PER_SM)
+        pps = cfg.programs_per_sm or {"wgmma": hz.WGMMA_PROGRAMS_PER_SM,
+                                      "mma": hz.MMA_PROGRAMS_PER_SM}.get(dequant,
+                                                                         hz.PROGRAMS_PER_SM)
         self.num_splits = cfg.num_splits or choose_num_splits(
             num_reqs, width, hz.num_sms(self.device), pps)
         window = cfg.window or hz.decode_window(self.num_splits, width, self.block_m)
@@ -271,8 +272,8 @@ class DecodeRunner:
                              f"on {self.device}")
         self.dequant, self.window, self.maxnreg = dequant, window, cfg.maxnreg
         # the register cap is a GPU compile option (the interpreter has none)
-        self._reg_cap = ({} if cfg.maxnreg is None or portable_default(self.device)
-                         else {"maxnreg": cfg.maxnreg})
+        cap = hz.MAXNREG if cfg.maxnreg is None else cfg.maxnreg  # the one-launch kernel's
+        self._reg_cap = {} if portable_default(self.device) else {"maxnreg": cap}
         self.num_warps, self.num_stages, self.pdl = cfg.num_warps, cfg.num_stages, cfg.pdl
         self._pdl_launch = {"launch_pdl": True} if cfg.pdl else {}
         self.splits_pad = hz.next_pow2(self.num_splits)
@@ -357,7 +358,7 @@ class DecodeRunner:
                 decode_wgmma.launch(self.dequant, index_q, cache, block_table, seq_lens, out,
                                     self.win, num_blocks=cache.shape[0], query_len=q,
                                     num_heads=h, rows=self.block_m,
-                                    num_splits=self.num_splits)
+                                    num_splits=self.num_splits, maxnreg=self.maxnreg)
             return out
         q8 = index_q.view(torch.uint8)
         with device_guard(self.device):
@@ -383,6 +384,9 @@ def _check_dequant(dequant: str, dot: str, device: torch.device) -> None:
     the name)."""
     if dequant == "lut" and dot != "fp32":
         raise ValueError(f"dequant: 'lut' scores with dot 'fp32', got dot {dot!r}")
+    if dequant == "mma" and (dot != "fp16" or not decode_wgmma.mma_available(device)):
+        raise ValueError(f"dequant: 'mma' needs a CUDA SM89+ GPU and dot 'fp16', got dot "
+                         f"{dot!r} on {device}")
     if dequant == "wgmma" and (dot != "fp16" or not decode_wgmma.wgmma_available(device)):
         raise ValueError(f"dequant: 'wgmma' needs a CUDA SM90 GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")

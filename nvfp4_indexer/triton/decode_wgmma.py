@@ -84,6 +84,21 @@ def wgmma_available(device) -> bool:
     return True
 
 
+def mma_available(device) -> bool:
+    """True when the Gluon warp-per-split scorer can run on ``device``: a CUDA GPU with
+    ``mma.sync`` and E4M3 (SM89+; compiled offline for sm_90a and sm_100a, run on SM90), not
+    under the interpreter, with Gluon importable."""
+    from .numerics import portable_default
+    device = torch.device(device)
+    if portable_default(device) or torch.cuda.get_device_capability(device) < (8, 9):
+        return False
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def scratch_elems(num_reqs: int, width: int, rows: int) -> int:
     """float32 elements of page-score scratch: ``[B, N, W]``."""
     return num_reqs * rows * width
@@ -208,11 +223,32 @@ def gluon_layouts(rows: int, num_warps: int = 4):
     return cl, mma, ql, b_sl
 
 
+def mma_layouts(rows: int):
+    """Constexpr layouts of the warp-per-split Gluon scorer (``mma_scorer``, one warp) for
+    N = ``rows`` query rows: ``(CL, MMA, QL, SCL)`` -- the chunk code / scale read layout whose
+    lane bases are those of the m16n8k16 A fragment (element (m, j, g'): group 2j + g' of token
+    m; lanes: j, then m mod 8; registers: g', m // 8), the MMA accumulator, the query load and
+    the cp.async layout of a chunk's scale bytes ``[16 tokens, 8]`` (4 bytes per lane)."""
+    from triton.experimental.gluon import language as gl
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[], block_bases=[], shape=[16, 4, 2])
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    ql = gl.BlockedLayout([2, 1], [32, 1], [1, 1], [0, 1])
+    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
+                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+                                     warp_bases=[], block_bases=[], shape=[16, 8])
+    return cl, mma, ql, scl
+
+
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
-           query_len: int, num_heads: int, rows: int, num_splits: int) -> None:
+           query_len: int, num_heads: int, rows: int, num_splits: int,
+           maxnreg: int | None = None) -> None:
     """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
-    least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "wgmma" (Gluon, SM90) or "lut"
-    (the plain-Triton twin). Shapes are the caller's (``decode.DecodeRunner``) to check."""
+    least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "mma" (Gluon, one warp per
+    program, SM89+), "wgmma" (Gluon, SM90) or "lut" (the plain-Triton twin); ``maxnreg``: the
+    "mma" scorer's register cap (default ``MMA_MAXNREG``). Shapes are the caller's (``decode.DecodeRunner``) to check."""
     b, width = block_table.shape
     q8 = index_q.view(torch.uint8)
     table = _device_table(cache.device)
@@ -225,6 +261,16 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
                                  seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
                                  NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
                                  num_warps=4)
+    elif dequant == "mma":
+        from .heuristics import MMA_MAXNREG, MMA_STAGES
+        from .mma_scorer import mma_score_kernel
+        cl, mma, ql, scl = mma_layouts(rows)
+        mma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 8,
+                               num_blocks, block_table, block_table.stride(0), width,
+                               seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
+                               NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, SCL=scl,
+                               STAGES=MMA_STAGES, num_warps=1,
+                               maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
     else:
         _portable_score_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,

@@ -23,7 +23,12 @@ MIN_BLOCK_M = 16  # smallest BLOCK_M of a row-block scorer (tl.dot's smallest M)
 WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 MAX_WINDOW_ELEMS = 4096  # window * BLOCK_M bound of the window scratch
-WGMMA_MIN_PAGES = 16384  # B * (W - 1) below this: the one-launch kernel (dequant "ptx")
+MMA_MIN_PAGES = 7168  # B * (W - 1) from this on SM90: the page-score path (dequant "mma")
+MMA_PROGRAMS_PER_SM = 48  # split target of the mma path (one-warp programs, ~12 resident)
+MMA_MAXNREG = 168  # its register cap: 3 one-warp programs per scheduler, no spills
+MMA_STAGES = 4  # chunk slots of its cp.async ring (3 chunks of 16 tokens in flight)
+MMA_MAX_ROWS = 32  # BLOCK_M above this (Q * H = 64): the wgmma scorer instead
+WGMMA_MIN_PAGES = 16384  # B * (W - 1) from this at BLOCK_M 64: the wgmma scorer
 WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
 MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM
 DEFAULT_NUM_SMS = 132  # off CUDA (interpreter), and for sizes computed without a GPU
@@ -258,16 +263,21 @@ def default_dequant(device: torch.device, dot: str) -> str:
 
 
 def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
-                   min_pages: int | None = None) -> str:
-    """The decode runner's default dequant mode for a static shape: "wgmma" on SM90 GPUs with
-    dot fp16 (``decode_wgmma``) for batches of at least ``min_pages`` (default
-    ``WGMMA_MIN_PAGES``) pages, B * (W - 1), with rows to score; else ``default_dequant``
-    (the one-launch kernel: its fused top-k saves the select launch)."""
-    from .decode_wgmma import wgmma_available
-    min_pages = WGMMA_MIN_PAGES if min_pages is None else min_pages
-    if dot == "fp16" and wgmma_available(device) \
-            and num_reqs * (width - 1) >= min_pages and width - 1 > SHORT_MAX_LOCAL:
-        return "wgmma"
+                   min_pages: int | None = None, rows: int = 32) -> str:
+    """The decode runner's default dequant mode for a static shape (``rows`` = BLOCK_M):
+    on SM90 GPUs with dot fp16, for batches of at least ``min_pages`` pages B * (W - 1) with
+    rows to score, "mma" (``decode_wgmma``'s warp-per-split scorer; from ``MMA_MIN_PAGES``)
+    at <= ``MMA_MAX_ROWS`` rows, "wgmma" at more rows (from ``WGMMA_MIN_PAGES``: the mma
+    scorer spills there); else ``default_dequant`` (the one-launch kernel: its fused top-k
+    saves the select launch). "mma" also runs on SM89 and SM100 (``mma.sync``; compiled
+    offline for sm_100a) but is measured on SM90 only, so it is the default there only."""
+    from .decode_wgmma import mma_available
+    wide = rows > MMA_MAX_ROWS
+    if min_pages is None:
+        min_pages = WGMMA_MIN_PAGES if wide else MMA_MIN_PAGES
+    if dot == "fp16" and num_reqs * (width - 1) >= min_pages and width - 1 > SHORT_MAX_LOCAL \
+            and mma_available(device) and torch.cuda.get_device_capability(device) == (9, 0):
+        return "wgmma" if wide else "mma"
     return default_dequant(device, dot)
 
 

@@ -53,9 +53,9 @@ def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, Q: gl.const
 
 
 @gluon.jit
-def _dequant_half(codes, s, row, A_L: gl.constexpr):
-    """fp16 A operand [128 tokens, 64 columns] of one half page: the groups 2j + g' of one g'
-    (``codes`` int64 [128, 4], ``s`` their scale bytes as int32, ``row`` their table entries);
+def _dequant_half(codes, s, row, A_L: gl.constexpr, M: gl.constexpr):
+    """fp16 A operand [M tokens, 64 columns] of one half page: the groups 2j + g' of one g'
+    (``codes`` int64 [M, 4], ``s`` their scale bytes as int32, ``row`` their table entries);
     column c' = 32pl + 16ph + 8w + 2j + e holds dim ``phys_dim(64 g' + c')`` (output pair
     p = 2ph + pl of word w, half e)."""
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
@@ -68,7 +68,7 @@ def _dequant_half(codes, s, row, A_L: gl.constexpr):
     f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
                                   pack=2)  # [m, j, pl, ph, w, e]
     f = gl.permute(f, [0, 2, 3, 4, 1, 5])  # [m, pl, ph, w, j, e]
-    tile = gl.reshape(f, [128, 64])
+    tile = gl.reshape(f, [M, 64])
     return gl.convert_layout(tile, A_L, assert_trivial=True)  # register renaming only
 
 
@@ -130,6 +130,6 @@ def _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_ptrs, A_L: gl.constexp
     # both halves' table entries (L1-resident 2 KB table) before the first lookup
     r_lo = gl.load(tbl_ptr + s_lo)
     r_hi = gl.load(tbl_ptr + s_hi)
-    acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L), q_lo, zero, use_acc=False)
-    acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L), q_hi, acc)
+    acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L, 128), q_lo, zero, use_acc=False)
+    acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L, 128), q_hi, acc)
     gl.store(out_ptrs, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
