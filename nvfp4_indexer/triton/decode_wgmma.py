@@ -1,17 +1,21 @@
-"""Decode indexer with register-operand wgmma page scoring (SPEC 4-6): the Hopper fast path.
+"""Decode indexer with Gluon page scoring (SPEC 4-6): the Hopper fast path.
 
 Two launches per run:
 
 1. Score kernel, grid ``(B, NUM_SPLITS)`` (the split rule of ``heuristics.choose_num_splits``).
    Program (b, s) scores its share of request b's history pages ``j < n`` for the request's
    ``N`` query rows (row n = i*H + h; N = ``heuristics.block_rows``) and writes the fp32 page
-   scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Per page: 9 KB of raw bytes loaded
-   straight into registers in the layout of the wgmma A operand (each thread its own 16-byte
-   code runs, one prefetched page ahead), table-lookup dequantization in registers
-   (``lut.LUT_ASM``, bit-exact SPEC 1.4), one ``warpgroup_mma`` ``[128 tokens, 128] x [128, N]``
-   against the query held in shared memory for all pages (fp16 operands, fp32 accumulation:
-   the error bound of dot mode "fp16", SPEC 9 b = 15), and the NaN-skipping max over tokens.
-   Nothing but the query goes through shared memory.
+   scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Two Gluon scorers, both with
+   table-lookup dequantization in registers (``lut.LUT_ASM``, bit-exact SPEC 1.4) feeding
+   fp16 MMA operands directly (fp32 accumulation: the error bound of dot mode "fp16", SPEC 9
+   b = 15) and a NaN-skipping max over tokens:
+
+   - "mma" (``mma_scorer``, the default at <= 32 rows): one warp per program, raw 16-token
+     chunks streamed through a shared-memory ring by cp.async, ``mma.sync`` m16n8k16 against
+     the query held in registers, no barrier between warps.
+   - "wgmma" (``wgmma_scorer``, 64 rows): one warpgroup per program, 9 KB of raw bytes per
+     page loaded straight into the wgmma A-operand layout (one page ahead), one
+     ``warpgroup_mma [128 tokens, 128] x [128, N]`` against the query in shared memory.
 2. Select kernel (plain Triton), grid ``(B, Q*H)``: one row per program. One pass over the
    row's page scores ``j < L`` keeps the largest packed candidate (``topk.pack_candidate``)
    of each residue class ``j % 16``; then 15 rounds each take the largest class maximum and
@@ -22,12 +26,12 @@ Dim order: any permutation of the 128 dims applied to both q and K leaves every 
 unchanged. The A tile's column c holds physical dim ``phys_dim(c)``, the order in which the
 lookup's outputs land in the MMA fragment; the query is loaded in the same order.
 
-The plain-Triton twin (``DEQUANT="lut"``: ``_portable_score_kernel``, interpreter and any GPU)
-has the same grid, scratch and select kernel; it dequantizes with ``lut.lut_dequant_portable``
-and scores with an fp32 dot (dot mode "fp32", b = 16). The CPU tests run it; the GPU tests
-compare the Gluon kernel against the reference.
+The plain-Triton twin of both scorers (``DEQUANT="lut"``: ``_portable_score_kernel``, the
+interpreter and any GPU) has the same grid, scratch and select kernel; it dequantizes with
+``lut.lut_dequant_portable`` and scores with an fp32 dot (dot mode "fp32", b = 16). The CPU tests run it; the GPU tests
+compare the Gluon kernels against the reference.
 
-SPEC 10: both kernels clamp ``seq_len`` to ``[0, W * 128]`` (no page past the block-table row is
+SPEC 10: every score kernel clamps ``seq_len`` to ``[0, W * 128]`` (no page past the block-table row is
 read, no id >= W is written) and block ids to ``[0, num_blocks)``. Nothing depends on host
 values of the metadata; every scratch element a select program reads was written by the same
 run, so CUDA-graph replays after in-place metadata changes give fresh results.
