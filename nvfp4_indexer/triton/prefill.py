@@ -55,7 +55,14 @@ from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan
 from .scoring import fp8_page_scores, fp8_page_scores_n
 
 
-@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
+# seq_lens_ptr is a view at the step's first prefill request (Indexer): its alignment varies
+# with the decode count, and its loads are scalar, so it takes no alignment specialization
+# (no second compile mid-serving); nor does caps_ptr.
+_SEQ_PTRS = ["seq_lens_ptr", "caps_ptr"]
+
+
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"],
+            do_not_specialize_on_alignment=_SEQ_PTRS)
 def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
                           qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
                           win_ptr, out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -94,7 +101,7 @@ def _ws_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexp
         return fp8_page_scores(ws_page0 + j * WS_PAGE, q_op, DOT)
 
 
-@triton.jit(do_not_specialize=["num_blocks"])
+@triton.jit(do_not_specialize=["num_blocks"], do_not_specialize_on_alignment=_SEQ_PTRS)
 def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks,
                           out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                           NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
