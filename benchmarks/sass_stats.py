@@ -31,8 +31,8 @@ DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_
                     num_blocks="i32", page_offset="i32", page_step="i32")
 PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
-                     blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64", win_ptr="*fp32",
-                     out_ptr="*i32")
+                     caps_ptr="*i32", blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64",
+                     win_ptr="*fp32", out_ptr="*i32")
 
 
 def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_stages: int,

@@ -29,9 +29,11 @@ use; creating one compiles its kernels (Triton on a GPU), which syncs once. Afte
 
 Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues a
 few small device ops (one multi-tensor copy of the decode block table and seq lens, one
-prefill staging copy and one clamp of the prefill device seq lens by their host copies) on
-the current stream, and prepares every launch of ``forward``. An ``IndexerMetadata`` is valid
-until the next ``plan()``; ``forward`` must run on the stream ``plan`` ran on.
+prefill staging copy) on the current stream, and prepares every launch of ``forward``. The
+prefill kernels clamp each device seq len by its staged host copy themselves (Triton; the
+reference backend clamps in ``plan``), so no row reads past the pages ``plan`` sized. An
+``IndexerMetadata`` is valid until the next ``plan()``; ``forward`` must run on the stream
+``plan`` ran on, and the step's device tensors must stay alive until then.
 """
 
 from __future__ import annotations
@@ -856,9 +858,11 @@ class Indexer:
         ``bt_all [P, W]``, device seq lens ``seq_lens [P]``, absolute query offsets ``pq``
         (ints ``[P+1]``) and host seq lens ``ps`` (ints ``[P]``), on host ints; Triton: each
         chunk's row blocks, splits and scratch, staged in one pinned buffer (one
-        non-blocking H2D copy per step), and every launch's arguments; the device seq lens
-        are clamped by their host copies (one op) so no kernel reads past what the plan
-        sized."""
+        non-blocking H2D copy per step), and every launch's arguments. Triton: the score and
+        merge kernels read ``min(device seq len, staged host copy)`` (``scan.block_rows_info``),
+        so no kernel reads past what the plan sized and ``plan`` issues no clamp op; the
+        device seq lens are read when ``forward`` runs. Reference: clamped here (one op per
+        chunk)."""
         n_pre = len(ps)
         # seq_len >= q_len >= 1 (checked): history pages of the last query
         hist = [(x - 1) // PAGE_SIZE for x in ps]
@@ -921,8 +925,9 @@ class Indexer:
                 self._stage_row_blocks(host[at:at + 2 * nb], a, blocks, nblk, ps[a:b], h,
                                        bm)
         st.copy(st.blk_at + 2 * n_blk)
-        # min(device seq lens, host copy): kernels never read past the planned pages
-        seq = torch.minimum(seq_lens, st.caps(n_pre))
+        # the score / merge kernels read min(device seq len, staged host copy): no row reads
+        # past the planned pages, and no clamp op here (host time)
+        caps = st.caps(n_pre)
         bt_stride, width = bt_all.stride()[0], bt_all.shape[1]
         ws8, qsl_d = self._ws8, st.qsl
         gparts = self._gather_parts
@@ -949,14 +954,15 @@ class Indexer:
             launch = static.copy()
             launch.update(max_gather=max_gather, gather=gather, width=width,
                           score_grid=(nb, static["ns"]),
-                          score_args=(ws8, ws_off, a, qsl_d, seq, blk, nb, cand, win),
+                          score_args=(ws8, ws_off, a, qsl_d, seq_lens, caps, blk, nb, cand,
+                                      win),
                           score_kw=score_kw,
                           merge=None if merge is None else
-                          ((nb, merge[0]), (cand, qsl_d, seq, blk, nb), merge[1]))
+                          ((nb, merge[0]), (cand, qsl_d, seq_lens, caps, blk, nb), merge[1]))
             chunks.append(PrefillChunk(
                 a, b, pq[a] - p0, pq[b] - p0, offs, gathered, total, launch,
-                {"qsl": qsl_d, "seq": seq, "ws_off": ws_off, "pages": pages, "blocks": blk,
-                 "num_blocks": nb, "block_table": bt}))
+                {"qsl": qsl_d, "seq": seq_lens, "caps": caps, "ws_off": ws_off, "pages": pages,
+                 "blocks": blk, "num_blocks": nb, "block_table": bt}))
         return chunks
 
     def _launch_template(self, num_blocks: int, score_pages: int, block_m: int) -> tuple:

@@ -35,8 +35,8 @@ from nvfp4_indexer.triton import (decode, dequantize, encode, gather, heuristics
                                   prefill, query, quantize, scores)
 
 MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
-PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", blk_ptr="*i32",
-                    num_blocks="i32", out_ptr="*i32")
+PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", caps_ptr="*i32",
+                    blk_ptr="*i32", num_blocks="i32", out_ptr="*i32")
 SCORES_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", cache_ptr="*u8",
                     page_stride="i32", bt_ptr="*i32", bt_stride="i32", qsl_ptr="*i32",
                     seq_lens_ptr="*i32", blk_ptr="*i32", num_blocks="i32", out_ptr="*fp32",

@@ -216,6 +216,76 @@ def test_forward_host_upper_bound_and_stale_metadata(cache):
         ix.forward(q, cache, md, out)
 
 
+# Triton (interpreter): decode Q=2 + prefill requests in a one-request chunk (18 pages) and a
+# two-request chunk (16 pages + one of short rows only); budget 20 pages.
+CLAMP = ([2, 20, 10, 30], [2500, 2400, 2100, 300], 1)
+
+
+def test_triton_device_seq_lens_below_host_copies(cache):
+    """seq_lens_cpu an upper bound (SPEC 8.1): the device seq lens are the truth, rows equal
+    the public ops on them (one request's host copy crosses a page boundary, one's makes
+    short-only rows look long), rows past the step stay poisoned."""
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
+    q_lens, upper, nd = CLAMP
+    seqs = [2500, 2250, 1990, 300]  # history pages 18 | 17 (host 18), 15 (host 16), 2
+    step = _step(q_lens, seqs, nd, seed=21, upper=upper)
+    md = ix.plan(step)
+    assert [(c.req_start, c.req_end) for c in md.prefill_chunks] == [(0, 1), (1, 3)]
+    assert md.prefill_chunks[1].total_pages == 16  # sized by the host copies
+    rows = sum(q_lens)
+    q = _queries(rows + 3, seed=22)
+    out = torch.full((rows + 3, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
+    assert bool((out[rows:] == POISON).all())
+
+
+def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
+    """Device seq lens raised after plan (past the planned pages, past a short-only request's
+    history, INT32_MAX): the kernels clamp each to its host copy; rows equal the public ops on
+    the host values, nothing outside the step's rows is written."""
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
+    q_lens, seqs, nd = CLAMP
+    step = _step(q_lens, seqs, nd, seed=23)
+    want_step = _step(q_lens, seqs, nd, seed=23)  # same block table, device = host values
+    md = ix.plan(step)
+    step.seq_lens[nd:] = torch.tensor([2540, 2**31 - 1, 300 + 5 * 128], dtype=torch.int32)
+    rows = sum(q_lens)
+    q = _queries(rows + 3, seed=24)
+    out = torch.full((rows + 3, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out[:rows], _expected(q, cache, want_step, nd, 2))
+    assert bool((out[rows:] == POISON).all())
+
+
+def test_plan_device_ops_are_the_copies():
+    """A Triton plan issues no torch op that does work (views left out) but the prefill
+    staging copy and the decode wrapper's multi-tensor copy: the prefill seq-len clamp is in
+    the kernels. (CPU: the staging copy is forced by a stub event; no kernel runs.)"""
+    from benchmarks.labs.engine_hostprof import device_ops
+
+    class Event:
+        def record(self):
+            pass
+
+        def query(self):
+            return True
+
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
+    for st in ix._staging:
+        st.event = Event()
+    cases = [
+        (_step([3, 3, 5, 30, 40, 20, 3], [2300, 900, 700, 2000, 2200, 300, 2400], 2),
+         ["_foreach_copy_", "copy_"]),  # decode + three prefill chunks
+        (_step([20, 10, 30], [2400, 2100, 300], 0), ["copy_"]),  # prefill only
+        (_step([2, 2, 0, 0], [300, 2500, 0, 0], 4), ["_foreach_copy_"]),  # decode only
+    ]
+    for step, want in cases:
+        ix.plan(step)  # first use of a decode batch builds its wrapper
+        for _ in range(2):  # both staging slots
+            assert sorted(device_ops(lambda: ix.plan(step))) == want
+
+
 def test_decoder_reused_and_buffers_never_move(cache):
     ix = ni.Indexer(_config(), backend="reference")
     s1 = _step([1, 1], [300, 2500], 2)

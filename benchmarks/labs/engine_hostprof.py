@@ -20,6 +20,8 @@ Usage (from a checkout, its venv):
   GPU:  python -m benchmarks.labs.engine_hostprof --all          (device cuda, backend triton)
   --profile NAME   cProfile plan (and forward) of the step NAME, top 25 by tottime
   --launches       GPU: the device ops of one plan / forward (forward's include its plan's)
+  --ops            the torch ops of one plan that do work (views left out; any device, CPU
+                   too: ``DeviceOps``); on the CPU the staging copy is skipped (host = device)
   --repeats N      samples per median (default 50 on a GPU, 20 on the CPU)
 """
 
@@ -36,6 +38,7 @@ from collections import defaultdict
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import nvfp4_indexer as ni
 from nvfp4_indexer import engine as eng
@@ -96,6 +99,28 @@ def build(case, dev, backend):
     index_q = torch.zeros((rows, H, 128), dtype=torch.float8_e4m3fn, device=dev)
     out = torch.empty((rows, H, 16), dtype=torch.int32, device=dev)
     return ix, step, cache, index_q, out
+
+
+class DeviceOps(TorchDispatchMode):
+    """Record the aten ops that do work (not views) while active: ``ops``, their names in
+    call order. A plan's device ops on any device (on the CPU its host copies' torch ops
+    would show too; ``plan`` reads those through numpy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def device_ops(fn) -> list[str]:
+    """Names of the aten ops (views left out) ``fn()`` issues, in order."""
+    with DeviceOps() as mode:
+        fn()
+    return mode.ops
 
 
 class Phases:
@@ -220,6 +245,8 @@ def main():
     p.add_argument("--no-forward", action="store_true")
     p.add_argument("--launches", action="store_true",
                    help="GPU: list the device ops (kernels, copies) of one plan and one forward")
+    p.add_argument("--ops", action="store_true",
+                   help="the torch ops (views left out) of one plan, any device")
     a = p.parse_args()
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     backend = a.backend or "triton"
@@ -250,6 +277,9 @@ def main():
                 f"{len(md.prefill_chunks)} chunks) | " +
                 " ".join(f"{k.strip()}={v:.1f}" for k, v in pm.items()))
         print(line)
+        if a.ops:
+            ops = device_ops(lambda: ix.plan(step))
+            print(f"{'':44s} plan torch ops ({len(ops)}): " + ", ".join(ops))
         if not a.no_forward:
             md = ix.plan(step)
             f_med, f_min = timed_median(lambda: ix.forward(index_q, cache, md, out), repeats,

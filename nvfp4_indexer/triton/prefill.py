@@ -24,6 +24,12 @@ candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kern
 ``(blocks, BLOCK_M)``, one row per program, ``heuristics.merge_config``) selects the final 15 and
 writes SPEC 5's output. With one split the score kernel writes the output itself.
 
+Both kernels read request r's seq len as ``max(min(seq_lens[r], caps[r]), 0)``
+(``scan.block_rows_info``): ``caps`` are the seq lens the host planned with (the engine's
+staged copies of ``seq_lens_cpu``, SPEC 8.1), so no row scores past a planned page and no
+clamp op runs before the launch; ``prefill_indexer`` planned from the device values
+themselves and passes ``seq_lens`` twice.
+
 Dot modes and their error bounds are those of ``decode`` (``SCORE_ERROR_BITS``). Host syncs
 are allowed in prefill (SPEC 7): the plan reads ``cu_seqlens_q`` and ``seq_lens`` once.
 """
@@ -49,17 +55,24 @@ from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan
 from .scoring import fp8_page_scores, fp8_page_scores_n
 
 
-@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
+# seq_lens_ptr is a view at the step's first prefill request (Indexer): its alignment varies
+# with the decode count, and its loads are scalar, so it takes no alignment specialization
+# (no second compile mid-serving); nor does caps_ptr.
+_SEQ_PTRS = ["seq_lens_ptr", "caps_ptr"]
+
+
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"],
+            do_not_specialize_on_alignment=_SEQ_PTRS)
 def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
-                          qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, cand_ptr, win_ptr, out_ptr,
-                          H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
+                          qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
+                          win_ptr, out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
                           KEEP: tl.constexpr = 16, TOKENS_N: tl.constexpr = False):
     blk = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
-    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
-                                              rows, H)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+                                              num_blocks, blk, rows, H)
     n = scored_pages(tl.max(tl.where(row_ok, local, 0), 0))  # the block's largest L
     start, end = split_range(n, split, NUM_SPLITS)
     q_off = token * q_tok_stride + h * q_head_stride
@@ -88,15 +101,15 @@ def _ws_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexp
         return fp8_page_scores(ws_page0 + j * WS_PAGE, q_op, DOT)
 
 
-@triton.jit(do_not_specialize=["num_blocks"])
-def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, out_ptr,
-                          H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
+@triton.jit(do_not_specialize=["num_blocks"], do_not_specialize_on_alignment=_SEQ_PTRS)
+def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks,
+                          out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                          NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
                           KEEP: tl.constexpr = 16):
     blk = tl.program_id(0)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
-                                              rows, H)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+                                              num_blocks, blk, rows, H)
     row_ok = row_ok & (rows < BLOCK_M)
     merge_splits(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), row_ok, local,
                  out_ptr + out_offsets(token, h, H), NUM_SPLITS, SPLITS_PAD, KEEP)
@@ -168,13 +181,13 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         with device_guard(dev):
             _prefill_score_kernel[(nb, ns)](
                 q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
-                blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
+                seq_lens, blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
                 DOT=dot, WINDOW=win, KEEP=keep, TOKENS_N=tokens_on_n,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             if ns > 1:
                 rows, warps = hz.merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
-                    cand, cu_seqlens_q, seq_lens, blocks, nb, out, H=h, BLOCK_M=block_m,
-                    NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns), ROWS=rows,
+                    cand, cu_seqlens_q, seq_lens, seq_lens, blocks, nb, out, H=h,
+                    BLOCK_M=block_m, NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns), ROWS=rows,
                     KEEP=keep, num_warps=warps)
     return out

@@ -102,10 +102,15 @@ def out_offsets(row, h, H: tl.constexpr):
 
 
 @triton.jit
-def block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk, rows,
+def block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, blk, rows,
                     H: tl.constexpr):
     """Rows of row block ``blk`` (see ``heuristics.plan_row_blocks``; ``blk_ptr`` holds int32
     ``[2, num_blocks]``: request, first row), for in-block row indices ``rows [R]``.
+
+    Request r's seq len is ``max(min(seq_lens[r], caps[r]), 0)``: ``caps`` are the seq lens
+    the host planned with (SPEC 8.1: the device values are the truth, the host copies an upper
+    bound, so no row reads past a planned page), and no position wraps around (SPEC 10). A
+    caller without separate caps passes ``seq_lens_ptr`` twice.
 
     Returns ``(token [R] int64, head [R], local page [R] (0 for p < 0), row mask [R])``.
     """
@@ -113,7 +118,7 @@ def block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk, rows,
     row0 = tl.load(blk_ptr + num_blocks + blk)
     q_start = tl.load(qsl_ptr + r)
     q_len = tl.load(qsl_ptr + r + 1) - q_start
-    seq_len = tl.maximum(tl.load(seq_lens_ptr + r), 0)  # no wrap-around below (SPEC 10)
+    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + r), tl.load(caps_ptr + r)), 0)
     m = row0 + rows
     row_ok = m < q_len * H
     t = m // H

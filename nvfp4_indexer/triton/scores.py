@@ -31,8 +31,8 @@ def _page_scores_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stri
                         DOT: tl.constexpr):
     blk = tl.program_id(0)
     group = tl.program_id(1)
-    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, blk_ptr, num_blocks, blk,
-                                              tl.arange(0, BLOCK_M), H)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, seq_lens_ptr, blk_ptr,
+                                              num_blocks, blk, tl.arange(0, BLOCK_M), H)
     n = tl.max(tl.where(row_ok, local, 0), 0)
     start = group * PAGES
     end = tl.minimum(tl.minimum(start + PAGES, n), width)  # SPEC 10: inside the row
