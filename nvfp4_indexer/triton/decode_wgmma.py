@@ -208,10 +208,12 @@ def _portable_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_s
         tl.store(out_row + j, page_max(acc))
 
 
+@functools.lru_cache(maxsize=None)
 def gluon_layouts(rows: int, num_warps: int = 4):
     """Constexpr layouts of the Gluon kernel for N = ``rows`` query rows and 4 warps:
     ``(CL, MMA, QL, B_SL)`` -- the code-load layout whose lane / warp bases are those of the
-    wgmma A operand, the MMA accumulator, the query load and the query's shared layout."""
+    wgmma A operand, the MMA accumulator, the query load and the query's shared layout
+    (cached, like ``mma_layouts``)."""
     if num_warps != 4:
         raise ValueError(f"num_warps: the wgmma scorer runs one warpgroup (4), got {num_warps}")
     from triton.experimental.gluon import language as gl
@@ -227,12 +229,14 @@ def gluon_layouts(rows: int, num_warps: int = 4):
     return cl, mma, ql, b_sl
 
 
+@functools.lru_cache(maxsize=None)
 def mma_layouts(rows: int):
     """Constexpr layouts of the warp-per-split Gluon scorer (``mma_scorer``, one warp) for
     N = ``rows`` query rows: ``(CL, MMA, QL, SCL)`` -- the chunk code / scale read layout whose
     lane bases are those of the m16n8k16 A fragment (element (m, j, g'): group 2j + g' of token
     m; lanes: j, then m mod 8; registers: g', m // 8), the MMA accumulator, the query load and
-    the cp.async layout of a chunk's scale bytes ``[16 tokens, 8]`` (4 bytes per lane)."""
+    the cp.async layout of a chunk's scale bytes ``[16 tokens, 8]`` (4 bytes per lane).
+    Cached: building them costs ~0.1 ms of host time, once per eager launch otherwise."""
     from triton.experimental.gluon import language as gl
     cl = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [8, 0, 0]],
