@@ -342,6 +342,11 @@ class DecodeRunner:
         so the kernels clamp seq_lens to ``W * 128`` and block ids into
         ``[0, cache.shape[0])``: edited buffers never make them read outside the block-table
         row or the cache (SPEC 10). Returns ``out``.
+
+        Raises:
+            ValueError: wrong shapes, an empty cache, or (dequant "mma" / "wgmma") a cache
+                whose base or page stride the Gluon scorer cannot read
+                (``decode_wgmma.launch``).
         """
         b, q, h = self.num_reqs, self.query_len, self.num_heads
         if cache.shape[0] == 0:  # block ids are clamped into the cache: it needs a block

@@ -246,13 +246,30 @@ def mma_layouts(rows: int):
     return cl, mma, ql, scl
 
 
+# byte alignment of the cache base and page stride each Gluon scorer's copies need
+GLUON_CACHE_ALIGN = {"mma": 16, "wgmma": 8}
+
+
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
            query_len: int, num_heads: int, rows: int, num_splits: int,
            maxnreg: int | None = None) -> None:
     """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
     least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "mma" (Gluon, one warp per
     program, SM89+), "wgmma" (Gluon, SM90) or "lut" (the plain-Triton twin); ``maxnreg``: the
-    "mma" scorer's register cap (default ``MMA_MAXNREG``). Shapes are the caller's (``decode.DecodeRunner``) to check."""
+    "mma" scorer's register cap (default ``MMA_MAXNREG``). Shapes are the caller's
+    (``decode.DecodeRunner``) to check.
+
+    Raises:
+        ValueError: for "mma" / "wgmma", a cache whose base address or page stride is not a
+            multiple of ``GLUON_CACHE_ALIGN[dequant]`` bytes (16: "mma"'s 16-byte cp.async
+            copies do not compile otherwise; 8: "wgmma"'s int64 loads fault), before any
+            launch (SPEC 2, 10).
+    """
+    align = GLUON_CACHE_ALIGN.get(dequant)
+    if align and (cache.data_ptr() % align or cache.stride(0) % align):
+        raise ValueError(f"cache: the {dequant!r} decode scorer needs a {align}-byte aligned "
+                         f"base and page stride, got data_ptr {cache.data_ptr():#x} and page "
+                         f"stride {cache.stride(0)}")
     b, width = block_table.shape
     q8 = index_q.view(torch.uint8)
     table = _device_table(cache.device)
