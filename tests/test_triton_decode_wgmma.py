@@ -344,3 +344,28 @@ def test_decode_runner_refuses_an_empty_cache(dequant):
         runner.run(q, ref.new_index_cache(0), bt, sl, out)
     assert_guards(big)
     assert bool((out == OUT_POISON).all())
+
+
+@pytest.mark.parametrize("dequant,offset,stride", [("mma", 8, 9216), ("mma", 0, 9224),
+                                                   ("wgmma", 4, 9216), ("wgmma", 0, 9220)])
+def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
+    """A cache view whose base or page stride the Gluon scorer cannot read ("mma": 16-byte
+    cp.async, which failed to compile on such a base; "wgmma": int64 loads, a misaligned
+    address fault) is refused by name before any launch, nothing written (SPEC 10). Host
+    checks only: runs without a GPU."""
+    nb, w, q_len, heads = 2, 20, 1, 1
+    backing = torch.zeros(nb * stride + 64, dtype=torch.uint8)
+    base = backing[offset:]
+    cache = base.as_strided((nb, 128, 72), (stride, 72, 1))
+    assert (cache.data_ptr() % 16 != 0) == (offset % 16 != 0)
+    bt = torch.zeros((1, w), dtype=torch.int32)
+    sl = torch.tensor([w * 128], dtype=torch.int32)
+    q = random_q(q_len, heads, seed=1, device="cpu")
+    scores = torch.full((WG.scratch_elems(1, w, 16),), float("nan"))
+    big, out = poisoned_out(q_len, heads, device="cpu")
+    with pytest.raises(ValueError, match=r"cache: .*aligned base and page stride"):
+        WG.launch(dequant, q, cache, bt, sl, out, scores, num_blocks=nb, query_len=q_len,
+                  num_heads=heads, rows=16, num_splits=1)
+    assert_guards(big)
+    assert bool((out == OUT_POISON).all()) and bool(scores.isnan().all())
+
