@@ -369,3 +369,32 @@ def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
     assert_guards(big)
     assert bool((out == OUT_POISON).all()) and bool(scores.isnan().all())
 
+
+def test_choose_dequant_page_score_rule(monkeypatch):
+    """The default-dequant rule of ``heuristics.choose_dequant`` on a (simulated) SM90 GPU:
+    "mma" from ``MMA_MIN_PAGES`` pages B * (W - 1) and ``MMA_MIN_REQS`` requests at <= 32 rows,
+    "wgmma" from ``WGMMA_MIN_PAGES`` at 64 rows (any B), an explicit ``min_pages`` for both,
+    never without rows to score (W - 1 <= 15), off SM90 or with another dot; else the
+    one-launch kernel's mode."""
+    from nvfp4_indexer.triton import heuristics as hz
+    monkeypatch.setattr(WG, "mma_available", lambda device: True)
+    cap = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
+    dev = torch.device("cpu")  # default_dequant: "triton" for the fallback
+    reqs, pages = hz.MMA_MIN_REQS, hz.MMA_MIN_PAGES
+
+    def pick(b, w, rows, min_pages=None, dot="fp16"):
+        return hz.choose_dequant(dev, dot, b, w, min_pages, rows)
+    w_min = pages // reqs + 1  # reqs * (w_min - 1) == pages
+    assert reqs * (w_min - 1) == pages
+    assert pick(reqs, w_min, 32) == "mma" and pick(reqs, w_min, 16) == "mma"
+    assert pick(reqs, w_min - 1, 32) == "triton"  # one page short
+    assert pick(reqs - 1, 10 * w_min, 32) == "triton"  # too few requests
+    wide = hz.WGMMA_MIN_PAGES + 1
+    assert pick(1, wide, 64) == "wgmma" and pick(1, wide - 1, 64) == "triton"
+    assert pick(reqs, w_min, 64) == "triton"  # 64 rows: the wgmma threshold
+    assert pick(reqs, 17, 32, min_pages=0) == "mma" and pick(1, 17, 64, min_pages=0) == "wgmma"
+    assert pick(reqs, 16, 32, min_pages=0) == "triton"  # W - 1 = 15: every row is short
+    assert pick(reqs, w_min, 32, dot="fp32") == "triton"
+    cap[0] = (10, 0)
+    assert pick(reqs, w_min, 32) == "triton"  # measured on SM90 only
