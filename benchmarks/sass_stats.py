@@ -177,7 +177,8 @@ def wgmma_report() -> list[str]:
         page = [n for n, hg in st["loops"] if hg]
         ptx = k.asm["ptx"]
         lines.append(f"wgmma   Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
-                     f"{st['registers']} registers, {st['local_bytes']} B local, page loop "
+                     f"{st['registers']} registers, {st['local_bytes']} B local, "
+                     f"{st['spill_ops']} LDL/STL, page loop "
                      f"body {page} SASS instructions, {ptx.count('wgmma.mma_async')} wgmma, "
                      f"{ptx.count('prmt.b32')} prmt in the PTX")
     return lines
@@ -217,7 +218,9 @@ def _tool(name: str) -> str:
 
 def sass_stats(kernel) -> dict:
     """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]``, F2FP count and
-    local-memory (spill) instructions of a compiled kernel's SASS."""
+    local-memory (spill) instructions of a compiled kernel's SASS. ``local_bytes`` is the
+    resource usage's ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``):
+    ``spill_ops`` is the spill check."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()

@@ -299,9 +299,10 @@ def _offline(script: str) -> list[str]:
 def test_mma_scorer_compiles_offline():
     """The warp-per-split scorer compiles for sm_90a and sm_100a (no GPU): the A-operand
     conversions are register renamings (``assert_trivial``), nothing spills at the launcher's
-    cap (``MMA_MAXNREG``: 3 one-warp programs per scheduler) up to ``MMA_MAX_ROWS`` rows, one m16n8k16 per (16 tokens,
-    8 rows, 16 dims) of a page, three cp.async per chunk of 16 tokens (2 code runs of 16
-    bytes, 4 scale bytes per lane) and the 4-slot ring's 4.5 KB of shared memory."""
+    cap (``MMA_MAXNREG``: 3 one-warp programs per scheduler) up to ``MMA_MAX_ROWS`` rows,
+    one m16n8k16 per (16 tokens, 8 rows, 16 dims) of a page, three cp.async per chunk of 16
+    tokens (2 code runs of 16 bytes, 4 scale bytes per lane) and the 4-slot ring's 4.5 KB of
+    shared memory."""
     from nvfp4_indexer.triton.heuristics import MMA_MAX_ROWS, MMA_MAXNREG
     lines = _offline(_MMA_COMPILE)
     assert len(lines) == 8, lines
@@ -317,13 +318,14 @@ def test_mma_scorer_compiles_offline():
 
 def test_wgmma_scorer_compiles_offline_for_sm90():
     """The Gluon scorer compiles for sm_90a (no GPU): the A-operand conversions are register
-    renamings (``assert_trivial``), nothing spills, 16 wgmma per page (2 halves x 8 k-steps),
-    and at Q*H <= 32 rows it fits 4 CTAs of 128 threads per SM (<= 128 registers)."""
+    renamings (``assert_trivial``), nothing spills (no LDL / STL: "0 B local" alone cannot
+    see spills), 16 wgmma per page (2 halves x 8 k-steps), and at Q*H <= 32 rows it fits 4
+    CTAs of 128 threads per SM (<= 128 registers)."""
     lines = _offline(_WGMMA_COMPILE)
     assert len(lines) == 4, lines
     for ln in lines:
         regs = int(ln.split(": ")[1].split()[0])
-        assert " 0 B local" in ln and "16 wgmma" in ln, ln
+        assert " 0 B local, 0 LDL/STL" in ln and "16 wgmma" in ln, ln
         if "N 64" not in ln:
             assert regs <= 128, ln
 
