@@ -127,7 +127,10 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
 
 def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
     """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
-    ``sm_<arch>``, at the launcher's register cap unless ``maxnreg`` is given."""
+    ``sm_<arch>`` (a ``triton.compile`` result), at the launcher's register cap unless
+    ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache with a page
+    stride that is a multiple of 128 bytes (9216) gets it: 16-byte code copies. Another
+    stride that is a multiple of 16 compiles to 8-byte copies."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -151,7 +154,9 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
 
 
 def mma_report(arch: int = 90) -> list[str]:
-    """Registers and per-page SASS instructions of the Gluon mma decode scorer, by rows."""
+    """One line per (Q, H) of the Gluon mma decode scorer compiled for ``sm_<arch>``:
+    registers, local bytes, LDL/STL (spill) instructions, the page loop's SASS instructions,
+    and the PTX's mma.sync and cp.async counts and shared-memory bytes."""
     lines = []
     for q_len, heads in ((8, 4), (4, 4), (1, 4), (8, 8)):
         k = compile_mma(q_len=q_len, heads=heads, arch=arch)
