@@ -239,7 +239,8 @@ def sass_stats(kernel) -> dict:
     is_ins = [bool(re.search(r"/\*[0-9a-f]{4,}\*/", ln)) for ln in lines]
     loops = []
     for i, ln in enumerate(lines):  # a backward branch closes a loop body
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        # "@P0 BRA `(.L_x_3)" or, on sm_100, "BRA.U UP0, `(.L_x_0)" (uniform predicate)
+        m = re.search(r"BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)", ln)
         if m and labels.get(m.group(1), i) < i:
             body = range(labels[m.group(1)], i + 1)
             loops.append((sum(is_ins[k] for k in body),
