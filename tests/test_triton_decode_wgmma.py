@@ -109,9 +109,10 @@ def _special_pages(batch: Batch) -> None:
 @pytest.mark.parametrize("q_len,heads,num_splits", [(1, 1, 1), (2, 2, 3), (8, 1, None),
                                                     (4, 4, 2)])
 def test_decode_lut_twin_matches_reference(q_len, heads, num_splits, dequant):
-    """The two-launch path with its plain-Triton scorer: selections valid against the exact
-    scores (tie-aware, b = 16), exact ties (aliased blocks) by smaller id, NaN pages below
-    every number, nothing written outside ``out``'s rows."""
+    """The two-launch path (``FAST_MODES``: the plain-Triton twin here, each Gluon scorer on a
+    GPU that has it): selections valid against the exact scores (tie-aware, b = 16; 15 on
+    the GPU), exact ties (aliased blocks) by smaller id, NaN pages below every number,
+    nothing written outside ``out``'s rows."""
     aliases = ((0, 2, 9), (7, 0, 5))
     batch = Batch(decode_lens(q_len), seed=20 + q_len, alias=list(aliases))
     _special_pages(batch)
@@ -229,7 +230,7 @@ def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
     """The Gluon scorers: tie-aware vs the exact reference (b = 15), captured once in a CUDA
     graph and replayed after in-place changes of seq_lens."""
     if dequant not in FAST_MODES:
-        pytest.skip(f"{dequant!r} needs an SM90 GPU")
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgmma: SM90)")
     q_len, heads = 8, 4
     lens = [40_000, 0, 129, 2050, 16_500, 12_345, 33_000, 19_999]
     batch = Batch(lens, seed=31)
