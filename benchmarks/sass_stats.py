@@ -98,7 +98,7 @@ def compile_insert(*, rotary_dim=64, block_t=4, num_warps=1):
 
 
 WGMMA_TYPES = dict(q_ptr="*u8", q_row_stride="i64", q_head_stride="i64", cache_ptr="*u8",
-                   page_stride8="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
+                   page_stride16="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
                    width="i32", seq_lens_ptr="*i32", tbl_ptr="*i64", scores_ptr="*fp32")
 
 
@@ -118,8 +118,7 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
                   B_SL=b_sl)
     fn = wgmma_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "page_stride8", "bt_ptr", "seq_lens_ptr", "tbl_ptr",
-               "scores_ptr")
+    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -128,9 +127,8 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
 def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
     """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
     ``sm_<arch>`` (a ``triton.compile`` result), at the launcher's register cap unless
-    ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache with a page
-    stride that is a multiple of 128 bytes (9216) gets it: 16-byte code copies. Another
-    stride that is a multiple of 16 compiles to 8-byte copies."""
+    ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache gets it (the
+    page stride is never specialized: 16-byte code copies at any stride)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -145,8 +143,7 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
                   SCL=scl, STAGES=MMA_STAGES)
     fn = mma_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "page_stride8", "bt_ptr", "seq_lens_ptr", "tbl_ptr",
-               "scores_ptr")
+    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     opts = {"num_warps": 1, "maxnreg": MMA_MAXNREG if maxnreg is None else maxnreg}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),

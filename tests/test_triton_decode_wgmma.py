@@ -401,3 +401,78 @@ def test_choose_dequant_page_score_rule(monkeypatch):
     assert pick(reqs, w_min, 32, dot="fp32") == "triton"
     cap[0] = (10, 0)
     assert pick(reqs, w_min, 32) == "triton"  # measured on SM90 only
+
+
+_SPECIALIZATION = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import create_function_from_signature
+from nvfp4_indexer.reference.paging import new_index_cache
+from nvfp4_indexer.triton import decode_wgmma as WG
+from nvfp4_indexer.triton.heuristics import MMA_STAGES
+from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
+from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
+backend = CUDABackend(GPUTarget("cuda", 90, 32))
+for name, fn in (("mma", mma_score_kernel), ("wgmma", wgmma_score_kernel)):
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    if name == "mma":
+        cl, mma, ql, scl = WG.mma_layouts(32)
+        consts = dict(CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
+    else:
+        cl, mma, ql, b_sl = WG.gluon_layouts(32)
+        consts = dict(CL=cl, MMA=mma, QL=ql, B_SL=b_sl)
+
+    def key(cache, b, w, bt_cols, q_heads):
+        # the arguments decode_wgmma.launch passes (q may be a head slice of a wider tensor)
+        q = torch.zeros((b * 8, q_heads, 128), dtype=torch.uint8)[:, :4]
+        bt = torch.zeros((b, bt_cols), dtype=torch.int32)[:, :w]
+        args = (q, q.stride(0), q.stride(1), cache, cache.stride(0) // 16, cache.shape[0], bt,
+                bt.stride(0), w, torch.zeros(b, dtype=torch.int32),
+                torch.zeros(256, dtype=torch.int64), torch.zeros(b * 32 * w))
+        return binder(*args, Q=8, H=4, N=32, NUM_SPLITS=8, **consts)[1]
+    warm = key(new_index_cache(1), 16, 200, 200, 4)  # DecodeRunner._warmup's launch
+    for nb, stride, cols, heads in ((5000, 9216, 200, 4), (4096, 9216 + 16, 256, 4),
+                                    (97, 9216 + 48, 200, 6)):
+        real = key(new_index_cache(nb, page_stride=stride), 16, 200, cols, heads)
+        print(name, nb, stride, cols, heads, real == warm)
+'''
+
+
+def test_gluon_scorers_warmup_compiles_what_real_launches_run():
+    """``DecodeRunner``'s warmup (a 1-block cache, contiguous q and block table) must compile
+    the variant real launches run, or the first real run compiles and loads a kernel, inside
+    CUDA-graph capture if that run is captured (SPEC 6: run is capturable). Triton keys a
+    compile on int values (1 is a constant, multiples of 16 a divisibility): the Gluon
+    scorers take no value specialization of their ints (block count, page stride, strides,
+    width). Checked on the JIT's own binder, offline."""
+    lines = _offline(_SPECIALIZATION)
+    assert len(lines) == 6 and all(ln.endswith(" True") for ln in lines), lines
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dequant", ["mma", "wgmma"])
+def test_gpu_page_score_first_run_captured(dequant):
+    """The Gluon scorers' first real run may be the captured one (the runner's warmup
+    compiled it): a padded page stride and many blocks, no eager run before capture."""
+    if dequant not in FAST_MODES:
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgmma: SM90)")
+    q_len, heads = 4, 4
+    lens = [30_000, 0, 3_000, 17_000]
+    batch = Batch(lens, seed=41, spare=40)  # PAD_STRIDE pages
+    b = len(lens)
+    q = random_q(b * q_len, heads, seed=7)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(dequant=dequant))
+    big, out = poisoned_out(b * q_len, heads)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_guards(big)
+    decode_check(batch, q, q_len, out, runner.error_bits)
