@@ -98,7 +98,7 @@ def compile_insert(*, rotary_dim=64, block_t=4, num_warps=1):
 
 
 WGMMA_TYPES = dict(q_ptr="*u8", q_row_stride="i64", q_head_stride="i64", cache_ptr="*u8",
-                   page_stride8="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
+                   page_stride16="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
                    width="i32", seq_lens_ptr="*i32", tbl_ptr="*i64", scores_ptr="*fp32")
 
 
@@ -118,8 +118,7 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
                   B_SL=b_sl)
     fn = wgmma_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "page_stride8", "bt_ptr", "seq_lens_ptr", "tbl_ptr",
-               "scores_ptr")
+    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -127,7 +126,9 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
 
 def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
     """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
-    ``sm_<arch>``, at the launcher's register cap unless ``maxnreg`` is given."""
+    ``sm_<arch>`` (a ``triton.compile`` result), at the launcher's register cap unless
+    ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache gets it (the
+    page stride is never specialized: 16-byte code copies at any stride)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -142,8 +143,7 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
                   SCL=scl, STAGES=MMA_STAGES)
     fn = mma_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "page_stride8", "bt_ptr", "seq_lens_ptr", "tbl_ptr",
-               "scores_ptr")
+    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     opts = {"num_warps": 1, "maxnreg": MMA_MAXNREG if maxnreg is None else maxnreg}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
@@ -151,7 +151,9 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
 
 
 def mma_report(arch: int = 90) -> list[str]:
-    """Registers and per-page SASS instructions of the Gluon mma decode scorer, by rows."""
+    """One line per (Q, H) of the Gluon mma decode scorer compiled for ``sm_<arch>``:
+    registers, local bytes, LDL/STL (spill) instructions, the page loop's SASS instructions,
+    and the PTX's mma.sync and cp.async counts and shared-memory bytes."""
     lines = []
     for q_len, heads in ((8, 4), (4, 4), (1, 4), (8, 8)):
         k = compile_mma(q_len=q_len, heads=heads, arch=arch)
@@ -177,7 +179,8 @@ def wgmma_report() -> list[str]:
         page = [n for n, hg in st["loops"] if hg]
         ptx = k.asm["ptx"]
         lines.append(f"wgmma   Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
-                     f"{st['registers']} registers, {st['local_bytes']} B local, page loop "
+                     f"{st['registers']} registers, {st['local_bytes']} B local, "
+                     f"{st['spill_ops']} LDL/STL, page loop "
                      f"body {page} SASS instructions, {ptx.count('wgmma.mma_async')} wgmma, "
                      f"{ptx.count('prmt.b32')} prmt in the PTX")
     return lines
@@ -217,7 +220,9 @@ def _tool(name: str) -> str:
 
 def sass_stats(kernel) -> dict:
     """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]``, F2FP count and
-    local-memory (spill) instructions of a compiled kernel's SASS."""
+    local-memory (spill) instructions of a compiled kernel's SASS. ``local_bytes`` is the
+    resource usage's ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``):
+    ``spill_ops`` is the spill check."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -231,7 +236,8 @@ def sass_stats(kernel) -> dict:
     is_ins = [bool(re.search(r"/\*[0-9a-f]{4,}\*/", ln)) for ln in lines]
     loops = []
     for i, ln in enumerate(lines):  # a backward branch closes a loop body
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        # "@P0 BRA `(.L_x_3)" or, on sm_100, "BRA.U UP0, `(.L_x_0)" (uniform predicate)
+        m = re.search(r"BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)", ln)
         if m and labels.get(m.group(1), i) < i:
             body = range(labels[m.group(1)], i + 1)
             loops.append((sum(is_ins[k] for k in body),

@@ -109,9 +109,10 @@ def _special_pages(batch: Batch) -> None:
 @pytest.mark.parametrize("q_len,heads,num_splits", [(1, 1, 1), (2, 2, 3), (8, 1, None),
                                                     (4, 4, 2)])
 def test_decode_lut_twin_matches_reference(q_len, heads, num_splits, dequant):
-    """The two-launch path with its plain-Triton scorer: selections valid against the exact
-    scores (tie-aware, b = 16), exact ties (aliased blocks) by smaller id, NaN pages below
-    every number, nothing written outside ``out``'s rows."""
+    """The two-launch path (``FAST_MODES``: the plain-Triton twin here, each Gluon scorer on a
+    GPU that has it): selections valid against the exact scores (tie-aware, b = 16; 15 on
+    the GPU), exact ties (aliased blocks) by smaller id, NaN pages below every number,
+    nothing written outside ``out``'s rows."""
     aliases = ((0, 2, 9), (7, 0, 5))
     batch = Batch(decode_lens(q_len), seed=20 + q_len, alias=list(aliases))
     _special_pages(batch)
@@ -229,7 +230,7 @@ def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
     """The Gluon scorers: tie-aware vs the exact reference (b = 15), captured once in a CUDA
     graph and replayed after in-place changes of seq_lens."""
     if dequant not in FAST_MODES:
-        pytest.skip(f"{dequant!r} needs an SM90 GPU")
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgmma: SM90)")
     q_len, heads = 8, 4
     lens = [40_000, 0, 129, 2050, 16_500, 12_345, 33_000, 19_999]
     batch = Batch(lens, seed=31)
@@ -299,9 +300,10 @@ def _offline(script: str) -> list[str]:
 def test_mma_scorer_compiles_offline():
     """The warp-per-split scorer compiles for sm_90a and sm_100a (no GPU): the A-operand
     conversions are register renamings (``assert_trivial``), nothing spills at the launcher's
-    cap (``MMA_MAXNREG``: 3 one-warp programs per scheduler) up to ``MMA_MAX_ROWS`` rows, one m16n8k16 per (16 tokens,
-    8 rows, 16 dims) of a page, three cp.async per chunk of 16 tokens (2 code runs of 16
-    bytes, 4 scale bytes per lane) and the 4-slot ring's 4.5 KB of shared memory."""
+    cap (``MMA_MAXNREG``: 3 one-warp programs per scheduler) up to ``MMA_MAX_ROWS`` rows,
+    one m16n8k16 per (16 tokens, 8 rows, 16 dims) of a page, three cp.async per chunk of 16
+    tokens (2 code runs of 16 bytes, 4 scale bytes per lane) and the 4-slot ring's 4.5 KB of
+    shared memory."""
     from nvfp4_indexer.triton.heuristics import MMA_MAX_ROWS, MMA_MAXNREG
     lines = _offline(_MMA_COMPILE)
     assert len(lines) == 8, lines
@@ -317,13 +319,14 @@ def test_mma_scorer_compiles_offline():
 
 def test_wgmma_scorer_compiles_offline_for_sm90():
     """The Gluon scorer compiles for sm_90a (no GPU): the A-operand conversions are register
-    renamings (``assert_trivial``), nothing spills, 16 wgmma per page (2 halves x 8 k-steps),
-    and at Q*H <= 32 rows it fits 4 CTAs of 128 threads per SM (<= 128 registers)."""
+    renamings (``assert_trivial``), nothing spills (no LDL / STL: "0 B local" alone cannot
+    see spills), 16 wgmma per page (2 halves x 8 k-steps), and at Q*H <= 32 rows it fits 4
+    CTAs of 128 threads per SM (<= 128 registers)."""
     lines = _offline(_WGMMA_COMPILE)
     assert len(lines) == 4, lines
     for ln in lines:
         regs = int(ln.split(": ")[1].split()[0])
-        assert " 0 B local" in ln and "16 wgmma" in ln, ln
+        assert " 0 B local, 0 LDL/STL" in ln and "16 wgmma" in ln, ln
         if "N 64" not in ln:
             assert regs <= 128, ln
 
@@ -344,3 +347,132 @@ def test_decode_runner_refuses_an_empty_cache(dequant):
         runner.run(q, ref.new_index_cache(0), bt, sl, out)
     assert_guards(big)
     assert bool((out == OUT_POISON).all())
+
+
+@pytest.mark.parametrize("dequant,offset,stride", [("mma", 8, 9216), ("mma", 0, 9224),
+                                                   ("wgmma", 4, 9216), ("wgmma", 0, 9220)])
+def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
+    """A cache view whose base or page stride the Gluon scorer cannot read ("mma": 16-byte
+    cp.async, which failed to compile on such a base; "wgmma": int64 loads, a misaligned
+    address fault) is refused by name before any launch, nothing written (SPEC 10). Host
+    checks only: runs without a GPU."""
+    nb, w, q_len, heads = 2, 20, 1, 1
+    backing = torch.zeros(nb * stride + 64, dtype=torch.uint8)
+    base = backing[offset:]
+    cache = base.as_strided((nb, 128, 72), (stride, 72, 1))
+    assert (cache.data_ptr() % 16 != 0) == (offset % 16 != 0)
+    bt = torch.zeros((1, w), dtype=torch.int32)
+    sl = torch.tensor([w * 128], dtype=torch.int32)
+    q = random_q(q_len, heads, seed=1, device="cpu")
+    scores = torch.full((WG.scratch_elems(1, w, 16),), float("nan"))
+    big, out = poisoned_out(q_len, heads, device="cpu")
+    with pytest.raises(ValueError, match=r"cache: .*aligned base and page stride"):
+        WG.launch(dequant, q, cache, bt, sl, out, scores, num_blocks=nb, query_len=q_len,
+                  num_heads=heads, rows=16, num_splits=1)
+    assert_guards(big)
+    assert bool((out == OUT_POISON).all()) and bool(scores.isnan().all())
+
+
+def test_choose_dequant_page_score_rule(monkeypatch):
+    """The default-dequant rule of ``heuristics.choose_dequant`` on a (simulated) SM90 GPU:
+    "mma" from ``MMA_MIN_PAGES`` pages B * (W - 1) and ``MMA_MIN_REQS`` requests at <= 32 rows,
+    "wgmma" from ``WGMMA_MIN_PAGES`` at 64 rows (any B), an explicit ``min_pages`` for both,
+    never without rows to score (W - 1 <= 15), off SM90 or with another dot; else the
+    one-launch kernel's mode."""
+    from nvfp4_indexer.triton import heuristics as hz
+    monkeypatch.setattr(WG, "mma_available", lambda device: True)
+    cap = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
+    dev = torch.device("cpu")  # default_dequant: "triton" for the fallback
+    reqs, pages = hz.MMA_MIN_REQS, hz.MMA_MIN_PAGES
+
+    def pick(b, w, rows, min_pages=None, dot="fp16"):
+        return hz.choose_dequant(dev, dot, b, w, min_pages, rows)
+    w_min = pages // reqs + 1  # reqs * (w_min - 1) == pages
+    assert reqs * (w_min - 1) == pages
+    assert pick(reqs, w_min, 32) == "mma" and pick(reqs, w_min, 16) == "mma"
+    assert pick(reqs, w_min - 1, 32) == "triton"  # one page short
+    assert pick(reqs - 1, 10 * w_min, 32) == "triton"  # too few requests
+    wide = hz.WGMMA_MIN_PAGES + 1
+    assert pick(1, wide, 64) == "wgmma" and pick(1, wide - 1, 64) == "triton"
+    assert pick(reqs, w_min, 64) == "triton"  # 64 rows: the wgmma threshold
+    assert pick(reqs, 17, 32, min_pages=0) == "mma" and pick(1, 17, 64, min_pages=0) == "wgmma"
+    assert pick(reqs, 16, 32, min_pages=0) == "triton"  # W - 1 = 15: every row is short
+    assert pick(reqs, w_min, 32, dot="fp32") == "triton"
+    cap[0] = (10, 0)
+    assert pick(reqs, w_min, 32) == "triton"  # measured on SM90 only
+
+
+_SPECIALIZATION = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import create_function_from_signature
+from nvfp4_indexer.reference.paging import new_index_cache
+from nvfp4_indexer.triton import decode_wgmma as WG
+from nvfp4_indexer.triton.heuristics import MMA_STAGES
+from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
+from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
+backend = CUDABackend(GPUTarget("cuda", 90, 32))
+for name, fn in (("mma", mma_score_kernel), ("wgmma", wgmma_score_kernel)):
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    if name == "mma":
+        cl, mma, ql, scl = WG.mma_layouts(32)
+        consts = dict(CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
+    else:
+        cl, mma, ql, b_sl = WG.gluon_layouts(32)
+        consts = dict(CL=cl, MMA=mma, QL=ql, B_SL=b_sl)
+
+    def key(cache, b, w, bt_cols, q_heads):
+        # the arguments decode_wgmma.launch passes (q may be a head slice of a wider tensor)
+        q = torch.zeros((b * 8, q_heads, 128), dtype=torch.uint8)[:, :4]
+        bt = torch.zeros((b, bt_cols), dtype=torch.int32)[:, :w]
+        args = (q, q.stride(0), q.stride(1), cache, cache.stride(0) // 16, cache.shape[0], bt,
+                bt.stride(0), w, torch.zeros(b, dtype=torch.int32),
+                torch.zeros(256, dtype=torch.int64), torch.zeros(b * 32 * w))
+        return binder(*args, Q=8, H=4, N=32, NUM_SPLITS=8, **consts)[1]
+    warm = key(new_index_cache(1), 16, 200, 200, 4)  # DecodeRunner._warmup's launch
+    for nb, stride, cols, heads in ((5000, 9216, 200, 4), (4096, 9216 + 16, 256, 4),
+                                    (97, 9216 + 48, 200, 6)):
+        real = key(new_index_cache(nb, page_stride=stride), 16, 200, cols, heads)
+        print(name, nb, stride, cols, heads, real == warm)
+'''
+
+
+def test_gluon_scorers_warmup_compiles_what_real_launches_run():
+    """``DecodeRunner``'s warmup (a 1-block cache, contiguous q and block table) must compile
+    the variant real launches run, or the first real run compiles and loads a kernel, inside
+    CUDA-graph capture if that run is captured (SPEC 6: run is capturable). Triton keys a
+    compile on int values (1 is a constant, multiples of 16 a divisibility): the Gluon
+    scorers take no value specialization of their ints (block count, page stride, strides,
+    width). Checked on the JIT's own binder, offline."""
+    lines = _offline(_SPECIALIZATION)
+    assert len(lines) == 6 and all(ln.endswith(" True") for ln in lines), lines
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dequant", ["mma", "wgmma"])
+def test_gpu_page_score_first_run_captured(dequant):
+    """The Gluon scorers' first real run may be the captured one (the runner's warmup
+    compiled it): a padded page stride and many blocks, no eager run before capture."""
+    if dequant not in FAST_MODES:
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgmma: SM90)")
+    q_len, heads = 4, 4
+    lens = [30_000, 0, 3_000, 17_000]
+    batch = Batch(lens, seed=41, spare=40)  # PAD_STRIDE pages
+    b = len(lens)
+    q = random_q(b * q_len, heads, seed=7)
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
+                                 config=DECODE.DecodeConfig(dequant=dequant))
+    big, out = poisoned_out(b * q_len, heads)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_guards(big)
+    decode_check(batch, q, q_len, out, runner.error_bits)

@@ -74,11 +74,13 @@ class DecodeConfig(_Config):
             for "mma", ``WGMMA_PROGRAMS_PER_SM`` for "wgmma"; ignored when ``num_splits`` is
             given), >= 1.
         maxnreg: score-kernel register cap in 24..255, or None for the mode's default
-            (``MAXNREG`` for the one-launch kernel, ``MMA_MAXNREG`` for "mma", none for
-            "wgmma"; the interpreter has none).
+            (``MAXNREG`` for the one-launch kernel, ``MMA_MAXNREG`` for "mma"; "wgmma" and
+            "lut" take no cap and ignore it; the interpreter has none).
         pdl: launch the merge kernel with programmatic dependent launch (SM90+ only).
         page_score_min_pages: B * (W - 1) from which the default dequant on an SM90 GPU is
-            "mma" rather than the one-launch "ptx" (default ``MMA_MIN_PAGES``), >= 0.
+            a page-score mode rather than the one-launch "ptx": "mma" at <= ``MMA_MAX_ROWS``
+            rows (and B >= ``MMA_MIN_REQS``), "wgmma" above (default ``MMA_MIN_PAGES`` /
+            ``WGMMA_MIN_PAGES``; ``heuristics.choose_dequant``), >= 0.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """

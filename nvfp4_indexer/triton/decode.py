@@ -24,7 +24,9 @@ Dequantization (the ``DEQUANT`` constexpr, ``DecodeConfig(dequant=...)``): "trit
 ``scoring.nvfp4_page_scores`` (two K=64 MMAs; one K=128 fp32 dot in the interpreter); "ptx" /
 "ptx_arith" (GPU, dot "fp16") are ``scoring.nvfp4_page_scores_ptx``: code bytes read as uint16
 pairs, inline-PTX dequantization (bit-exact SPEC 1.4, "ptx_arith" without conversion
-instructions) and four K=32 fp16 MMAs over dims 4i + j. "ptx" is the default on SM89+ GPUs.
+instructions) and four K=32 fp16 MMAs over dims 4i + j. "ptx" is the one-launch default on
+SM89+ GPUs; large batches on SM90 take a page-score mode instead (``decode_wgmma``: "mma",
+"wgmma"; ``heuristics.choose_dequant``).
 These and window / num_warps / num_stages / programs_per_sm / maxnreg are the tuning fields
 of ``config.DecodeConfig`` (``benchmarks/labs/dequant_lab.py`` varies them; measurements:
 docs/benchmarks.md).
@@ -342,6 +344,11 @@ class DecodeRunner:
         so the kernels clamp seq_lens to ``W * 128`` and block ids into
         ``[0, cache.shape[0])``: edited buffers never make them read outside the block-table
         row or the cache (SPEC 10). Returns ``out``.
+
+        Raises:
+            ValueError: wrong shapes, an empty cache, or (dequant "mma" / "wgmma") a cache
+                whose base or page stride the Gluon scorer cannot read
+                (``decode_wgmma.launch``).
         """
         b, q, h = self.num_reqs, self.query_len, self.num_heads
         if cache.shape[0] == 0:  # block ids are clamped into the cache: it needs a block

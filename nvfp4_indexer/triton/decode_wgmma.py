@@ -250,13 +250,31 @@ def mma_layouts(rows: int):
     return cl, mma, ql, scl
 
 
+# byte alignment of the cache base each Gluon scorer's copies need (and of the page stride:
+# 16, SPEC 2, passed in 16-byte units)
+GLUON_CACHE_ALIGN = {"mma": 16, "wgmma": 8}
+
+
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
            query_len: int, num_heads: int, rows: int, num_splits: int,
            maxnreg: int | None = None) -> None:
     """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
     least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "mma" (Gluon, one warp per
     program, SM89+), "wgmma" (Gluon, SM90) or "lut" (the plain-Triton twin); ``maxnreg``: the
-    "mma" scorer's register cap (default ``MMA_MAXNREG``). Shapes are the caller's (``decode.DecodeRunner``) to check."""
+    "mma" scorer's register cap (default ``MMA_MAXNREG``). Shapes are the caller's
+    (``decode.DecodeRunner``) to check.
+
+    Raises:
+        ValueError: for "mma" / "wgmma", a cache whose page stride is not a multiple of 16
+            bytes or whose base address is not one of ``GLUON_CACHE_ALIGN[dequant]`` bytes
+            (16: "mma"'s 16-byte cp.async copies do not compile otherwise; 8: "wgmma"'s
+            int64 loads fault), before any launch (SPEC 2, 10).
+    """
+    align = GLUON_CACHE_ALIGN.get(dequant)
+    if align and (cache.data_ptr() % align or cache.stride(0) % 16):
+        raise ValueError(f"cache: the {dequant!r} decode scorer needs a {align}-byte aligned "
+                         f"base and page stride, got data_ptr {cache.data_ptr():#x} and page "
+                         f"stride {cache.stride(0)}")
     b, width = block_table.shape
     q8 = index_q.view(torch.uint8)
     table = _device_table(cache.device)
@@ -264,7 +282,7 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
     if dequant == "wgmma":
         from .wgmma_scorer import wgmma_score_kernel
         cl, mma, ql, b_sl = gluon_layouts(rows)
-        wgmma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 8,
+        wgmma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 16,
                                  num_blocks, block_table, block_table.stride(0), width,
                                  seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
                                  NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
@@ -273,7 +291,7 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
         from .heuristics import MMA_MAXNREG, MMA_STAGES
         from .mma_scorer import mma_score_kernel
         cl, mma, ql, scl = mma_layouts(rows)
-        mma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 8,
+        mma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 16,
                                num_blocks, block_table, block_table.stride(0), width,
                                seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
                                NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, SCL=scl,

@@ -267,11 +267,12 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
                    min_pages: int | None = None, rows: int = 32) -> str:
     """The decode runner's default dequant mode for a static shape (``rows`` = BLOCK_M):
     on SM90 GPUs with dot fp16, for batches of at least ``min_pages`` pages B * (W - 1) with
-    rows to score, "mma" (``decode_wgmma``'s warp-per-split scorer; from ``MMA_MIN_PAGES``
-    and ``MMA_MIN_REQS`` requests) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at more rows (from ``WGMMA_MIN_PAGES``: the mma
-    scorer spills there); else ``default_dequant`` (the one-launch kernel: its fused top-k
-    saves the select launch). "mma" also runs on SM89 and SM100 (``mma.sync``; compiled
-    offline for sm_100a) but is measured on SM90 only, so it is the default there only."""
+    rows to score, "mma" (``decode_wgmma``'s warp-per-split scorer; default ``min_pages``
+    ``MMA_MIN_PAGES``, and B >= ``MMA_MIN_REQS``) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at
+    more rows (default ``WGMMA_MIN_PAGES``: the mma scorer spills there); else
+    ``default_dequant`` (the one-launch kernel: its fused top-k saves the select launch).
+    "mma" also runs on SM89 and SM100 (``mma.sync``; compiled offline for sm_100a) but is
+    measured on SM90 only, so it is the default there only."""
     from .decode_wgmma import mma_available
     wide = rows > MMA_MAX_ROWS
     if min_pages is None:

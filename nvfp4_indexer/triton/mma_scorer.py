@@ -36,10 +36,11 @@ CHUNK = gl.constexpr(16)  # tokens per MMA (the m16n8k16 A fragment's rows)
 
 
 @gluon.jit
-def _block_base(bt_row, j, num_blocks, page_stride8):
-    """int64 element offset (cache viewed as int64) of logical page j's block, id clamped."""
+def _block_base(bt_row, j, num_blocks, page_stride16):
+    """int64 element offset (cache viewed as int64) of logical page j's block, id clamped;
+    a multiple of 2 (16 bytes) whatever the stride's value: 16-byte copies."""
     blk = gl.load(bt_row + j)
-    return gl.minimum(gl.maximum(blk, 0), num_blocks - 1).to(gl.int64) * page_stride8
+    return gl.minimum(gl.maximum(blk, 0), num_blocks - 1).to(gl.int64) * page_stride16 * 2
 
 
 @gluon.jit
@@ -74,8 +75,11 @@ def _row_max(acc, N: gl.constexpr):
     return gl.max(gl.reshape(acc, [2, 8, N]), axis=0)
 
 
-@gluon.jit
-def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride8, num_blocks,
+# The launcher's warmup (a 1-block cache, a contiguous q) must compile the variant real
+# launches use (CUDA-graph capture must not compile): no value specialization of these ints.
+@gluon.jit(do_not_specialize=["q_row_stride", "q_head_stride", "page_stride16", "num_blocks",
+                              "bt_stride", "width"])
+def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride16, num_blocks,
                      bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr,
                      Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr,
                      NUM_SPLITS: gl.constexpr, CL: gl.constexpr, MMA: gl.constexpr,
@@ -121,14 +125,14 @@ def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride8
         out_off = gl.max(_row_max(col, N), axis=0) * width
         out_base = scores_ptr + b.to(gl.int64) * N * width
 
-        base = _block_base(bt_row, start, num_blocks, page_stride8)
-        nbase = _block_base(bt_row, gl.minimum(start + 1, end - 1), num_blocks, page_stride8)
+        base = _block_base(bt_row, start, num_blocks, page_stride16)
+        nbase = _block_base(bt_row, gl.minimum(start + 1, end - 1), num_blocks, page_stride16)
         for k in gl.static_range(STAGES - 1):  # chunks 0 .. STAGES-2 of the first page
             _issue_chunk(ring_c, ring_s, cache64, cache_ptr, base, off64, soff, k, STAGES)
         for j in range(start, end):
             # block of page j + 2 (its chunks are issued during page j + 1); past the split's
             # end the last page is re-read (L2-hot), never a page outside the row (SPEC 10)
-            nnbase = _block_base(bt_row, gl.minimum(j + 2, end - 1), num_blocks, page_stride8)
+            nnbase = _block_base(bt_row, gl.minimum(j + 2, end - 1), num_blocks, page_stride16)
             for c in gl.static_range(NCH):
                 # chunk c has landed; Triton's barrier analysis adds the barriers that make
                 # every lane's copies visible (scales cross lanes) and free slot c - 1

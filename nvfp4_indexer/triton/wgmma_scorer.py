@@ -26,11 +26,11 @@ _SPLIT_ASM = gl.constexpr("mov.b32 $0, $1;")  # f16x2 word -> its two halves
 
 
 @gluon.jit
-def _load_page(cache64, cache8, bt_row, j, num_blocks, page_stride8, off64, sc_off):
+def _load_page(cache64, cache8, bt_row, j, num_blocks, page_stride16, off64, sc_off):
     """Code groups (int64) and scale bytes of logical page j, block id clamped to the cache."""
     blk = gl.load(bt_row + j)
     blk = gl.minimum(gl.maximum(blk, 0), num_blocks - 1).to(gl.int64)
-    base = blk * page_stride8  # int64 elements (page stride / 8)
+    base = blk * page_stride16 * 2  # int64 elements (page stride / 8, a multiple of 2)
     codes = gl.load(cache64 + base + off64)  # int64 [128 tok, 4 j, 2 g']
     sb = gl.load(cache8 + base * 8 + sc_off)  # uint8, same layout
     return codes, sb
@@ -72,9 +72,11 @@ def _dequant_half(codes, s, row, A_L: gl.constexpr, M: gl.constexpr):
     return gl.convert_layout(tile, A_L, assert_trivial=True)  # register renaming only
 
 
-@gluon.jit
-def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride8, num_blocks,
-                       bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr,
+# no value specialization of these ints: the launcher's warmup compiles what real launches run
+@gluon.jit(do_not_specialize=["q_row_stride", "q_head_stride", "page_stride16", "num_blocks",
+                              "bt_stride", "width"])
+def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride16,
+                       num_blocks, bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr,
                        Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr,
                        NUM_SPLITS: gl.constexpr, CL: gl.constexpr, MMA: gl.constexpr,
                        QL: gl.constexpr, B_SL: gl.constexpr):
@@ -110,13 +112,13 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
         out_base = scores_ptr + b.to(gl.int64) * N * width
         out_off = gl.arange(0, N, layout=gl.SliceLayout(0, MMA)) * width
 
-        codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row, start, num_blocks, page_stride8,
+        codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row, start, num_blocks, page_stride16,
                                    off64, sc_off)
         for j in range(start, end):
             codes = codes_n
             sb = sb_n
             codes_n, sb_n = _load_page(cache64, cache_ptr, bt_row, gl.minimum(j + 1, end - 1),
-                                       num_blocks, page_stride8, off64, sc_off)
+                                       num_blocks, page_stride16, off64, sc_off)
             _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_base + j + out_off, A_L)
 
 
