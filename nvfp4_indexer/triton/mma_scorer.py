@@ -29,8 +29,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .layout import HISTORY, PAGE, SCALES_OFFSET
-from .wgmma_scorer import _dequant_half, _load_q
+from .layout import PAGE, SCALES_OFFSET
+from .wgmma_scorer import _dequant_half, _group_offsets, _load_q, _split_pages
 
 CHUNK = gl.constexpr(16)  # tokens per MMA (the m16n8k16 A fragment's rows)
 
@@ -89,26 +89,14 @@ def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride1
     NCH: gl.constexpr = PAGE // CHUNK
     gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
     b = gl.program_id(0)
-    split = gl.program_id(1)
-    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)  # SPEC 10
-    n_pages = gl.maximum(seq_len - 1, 0) // PAGE
-    n_pages = gl.where(n_pages > HISTORY, n_pages, 0)  # only short rows: nothing to score
-    per = gl.cdiv(n_pages, NUM_SPLITS)
-    start = split * per
-    end = gl.minimum(start + per, n_pages)
+    start, end = _split_pages(seq_lens_ptr, b, gl.program_id(1), width, NUM_SPLITS)
     if start < end:
         q_lo = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL),
                                  B_L)
         q_hi = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N,
                                          QL), B_L)
-        # element (m, j, g') of a chunk's codes / scales = group 2j + g' of its token m
-        m = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))
-        jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))
-        gp = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
-        m3 = gl.expand_dims(gl.expand_dims(m, 1), 2)
-        grp = gl.expand_dims(gl.expand_dims(jj, 0), 2) * 2 \
-            + gl.expand_dims(gl.expand_dims(gp, 0), 1)
-        off64 = m3 * 8 + grp
+        m8, grp = _group_offsets(CHUNK, CL)  # a chunk's codes in CL
+        off64 = m8 + grp
         st = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, SCL))
         sb8 = gl.arange(0, 8, layout=gl.SliceLayout(0, SCL))
         soff = SCALES_OFFSET + gl.expand_dims(st, 1) * 8 + gl.expand_dims(sb8, 0)

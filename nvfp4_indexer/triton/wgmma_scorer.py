@@ -53,6 +53,30 @@ def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, Q: gl.const
 
 
 @gluon.jit
+def _split_pages(seq_lens_ptr, b, split, width, NUM_SPLITS: gl.constexpr):
+    """``(start, end)``: pages of request b that program ``split`` scores (the Triton twins'
+    ``scan.clamped_seq_len`` / ``scored_pages`` / ``split_range`` rule; SPEC 10 clamp)."""
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)
+    n_pages = gl.maximum(seq_len - 1, 0) // PAGE
+    n_pages = gl.where(n_pages > HISTORY, n_pages, 0)  # only short rows: nothing to score
+    per = gl.cdiv(n_pages, NUM_SPLITS)
+    start = split * per
+    return start, gl.minimum(start + per, n_pages)
+
+
+@gluon.jit
+def _group_offsets(M: gl.constexpr, CL: gl.constexpr):
+    """``(tok * 8, grp)`` [M, 4, 2] in ``CL``: element (m, j, g') is group 2j + g' of token m;
+    ``tok * 8 + grp`` indexes its 8 code bytes as int64 and its scale byte past the codes."""
+    m = gl.arange(0, M, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))
+    jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))
+    gp = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
+    m8 = gl.expand_dims(gl.expand_dims(m, 1), 2) * 8
+    grp = gl.expand_dims(gl.expand_dims(jj, 0), 2) * 2 + gl.expand_dims(gl.expand_dims(gp, 0), 1)
+    return m8, grp
+
+
+@gluon.jit
 def _dequant_half(codes, s, row, A_L: gl.constexpr, M: gl.constexpr):
     """fp16 A operand [M tokens, 64 columns] of one half page: the groups 2j + g' of one g'
     (``codes`` int64 [M, 4], ``s`` their scale bytes as int32, ``row`` their table entries);
@@ -82,13 +106,7 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
                        QL: gl.constexpr, B_SL: gl.constexpr):
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     b = gl.program_id(0)
-    split = gl.program_id(1)
-    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)  # SPEC 10
-    n_pages = gl.maximum(seq_len - 1, 0) // PAGE
-    n_pages = gl.where(n_pages > HISTORY, n_pages, 0)  # only short rows: nothing to score
-    per = gl.cdiv(n_pages, NUM_SPLITS)
-    start = split * per
-    end = gl.minimum(start + per, n_pages)
+    start, end = _split_pages(seq_lens_ptr, b, gl.program_id(1), width, NUM_SPLITS)
     if start < end:
         q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
             q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
@@ -96,15 +114,9 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
             q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
         fence_async_shared()
 
-        # element (m, j, g') of a page's codes / scales = group 2j + g' of token m
-        m = gl.arange(0, 128, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))
-        jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))
-        gp = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
-        m3 = gl.expand_dims(gl.expand_dims(m, 1), 2)
-        grp = gl.expand_dims(gl.expand_dims(jj, 0), 2) * 2 \
-            + gl.expand_dims(gl.expand_dims(gp, 0), 1)
-        off64 = m3 * 8 + grp
-        sc_off = SCALES_OFFSET + m3 * 8 + grp
+        m8, grp = _group_offsets(128, CL)  # a page's codes / scales in CL
+        off64 = m8 + grp
+        sc_off = SCALES_OFFSET + m8 + grp
         cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
         bt_row = bt_ptr + b.to(gl.int64) * bt_stride
         zero = gl.zeros([128, N], gl.float32, layout=MMA)
