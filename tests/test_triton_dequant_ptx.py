@@ -401,8 +401,12 @@ _COMPILE_SCRIPT = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
 from benchmarks.sass_stats import compile_decode, sass_stats
+from nvfp4_indexer.triton.heuristics import MAXNREG
+# spill instructions (LDL/STL; "0 B local" cannot see them) at the launch's register cap,
+# measured 3 / 0 / 33 on Triton 3.6: a bound that catches a regression, not a target
+SPILL_BOUND = {"ptx": 8, "ptx_arith": 8, "triton": 48}
 for mode, window in (("ptx", 64), ("ptx_arith", 32), ("triton", 64)):
-    k = compile_decode(dequant=mode, window=window)
+    k = compile_decode(dequant=mode, window=window, maxnreg=MAXNREG)
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx, mode
     n_cvt = ptx.count("cvt.rn.satfinite.e4m3x2.f16x2")
@@ -411,13 +415,13 @@ for mode, window in (("ptx", 64), ("ptx_arith", 32), ("triton", 64)):
     elif mode == "ptx":
         assert n_cvt > 0 and "prmt.b32" in ptx, mode
     st = sass_stats(k)
-    assert st["local_bytes"] == 0 and any(hg for _, hg in st["loops"]), (mode, st)
-    print("ok", mode, st["registers"], [n for n, hg in st["loops"] if hg])
+    assert st["spill_ops"] <= SPILL_BOUND[mode] and any(hg for _, hg in st["loops"]), (mode, st)
+    print("ok", mode, st["registers"], st["spill_ops"], [n for n, hg in st["loops"] if hg])
 from benchmarks.sass_stats import compile_prefill
 pages = {}
-for on_n in (True, False):
+for on_n, bound in ((True, 16), (False, 48)):  # 255 registers: measured 8 / 38 spill ops
     st = sass_stats(compile_prefill(tokens_on_n=on_n))
-    assert st["local_bytes"] == 0 and any(hg for _, hg in st["loops"]), (on_n, st)
+    assert st["spill_ops"] <= bound and any(hg for _, hg in st["loops"]), (on_n, st)
     pages[on_n] = min(n for n, hg in st["loops"] if hg)
 assert 2 * pages[True] < pages[False], pages  # the max over tokens stays in registers
 print("ok prefill", pages)
@@ -439,13 +443,14 @@ print("ok elementwise", len(lines))
 
 
 def test_decode_ptx_modes_compile_offline_for_sm90():
-    """The decode kernel compiles to SM90 PTX + cubin (bundled ptxas) in every dequant mode,
-    with wgmma, no spills and a page loop holding the HGMMAs (``benchmarks.sass_stats``, the
-    tool behind the instruction counts in docs/benchmarks.md), and so do the gather and
-    insert kernels (``--elementwise``: the PTX gather path issues under a third of the
-    Triton-ops path's instructions, no insert spills) and the prefill score kernel (no spills;
-    with the tokens on the MMA's N axis its page loop is under half as long); runs in a subprocess (this process may
-    have interpreted kernels)."""
+    """The decode kernel compiles to SM90 PTX + cubin (bundled ptxas) in every dequant mode at
+    its register cap (``MAXNREG``), with wgmma, a page loop holding the HGMMAs and at most a
+    few spill instructions (LDL/STL: ptx 3, triton 33 measured; ``benchmarks.sass_stats``, the
+    tool behind the instruction counts in docs/benchmarks.md), and so do the gather and insert
+    kernels (``--elementwise``: the PTX gather path issues under a third of the Triton-ops
+    path's instructions, no insert local memory) and the prefill score kernel (255 registers,
+    8 spill instructions with the tokens on the MMA's N axis, whose page loop is under half as
+    long, 38 on M); runs in a subprocess (this process may have interpreted kernels)."""
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
         from triton.backends.nvidia import compiler  # noqa: F401
