@@ -623,9 +623,10 @@ class Indexer:
     def _check_step(self, step: StepMetadata):
         """Metadata and host-value checks (SPEC 10); returns ``(num_decodes, Q, query_start_loc
         host array, seq lens host array, the prefill requests' absolute query offsets [P+1]
-        and seq lens [P] as lists of ints)`` (the last two None without prefill requests). A few vectorized checks accept a well-formed step
-        (``_check_step_fast``); anything they do not accept goes through the full checks,
-        which raise the precise error (or accept what the fast path is too narrow for)."""
+        and seq lens [P] as lists of ints)`` (the last two None without prefill requests).
+        A few vectorized checks accept a well-formed step (``_check_step_fast``); anything
+        they do not accept goes through the full checks, which raise the precise error (or
+        accept what the fast path is too narrow for)."""
         r = self._check_step_fast(step)
         return r if r is not None else self._check_step_full(step)
 

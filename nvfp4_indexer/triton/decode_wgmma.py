@@ -279,24 +279,22 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
     q8 = index_q.view(torch.uint8)
     table = _device_table(cache.device)
     grid = (b, num_splits)
-    if dequant == "wgmma":
-        from .wgmma_scorer import wgmma_score_kernel
-        cl, mma, ql, b_sl = gluon_layouts(rows)
-        wgmma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 16,
-                                 num_blocks, block_table, block_table.stride(0), width,
-                                 seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
-                                 NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
-                                 num_warps=4)
-    elif dequant == "mma":
-        from .heuristics import MMA_MAXNREG, MMA_STAGES
-        from .mma_scorer import mma_score_kernel
-        cl, mma, ql, scl = mma_layouts(rows)
-        mma_score_kernel[grid](q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 16,
-                               num_blocks, block_table, block_table.stride(0), width,
-                               seq_lens, table, scores, Q=query_len, H=num_heads, N=rows,
-                               NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, SCL=scl,
-                               STAGES=MMA_STAGES, num_warps=1,
-                               maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
+    if dequant in ("wgmma", "mma"):  # the Gluon scorers: one argument list
+        args = (q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 16, num_blocks,
+                block_table, block_table.stride(0), width, seq_lens, table, scores)
+        kw = dict(Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits)
+        if dequant == "wgmma":
+            from .wgmma_scorer import wgmma_score_kernel
+            cl, mma, ql, b_sl = gluon_layouts(rows)
+            wgmma_score_kernel[grid](*args, **kw, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
+                                     num_warps=4)
+        else:
+            from .heuristics import MMA_MAXNREG, MMA_STAGES
+            from .mma_scorer import mma_score_kernel
+            cl, mma, ql, scl = mma_layouts(rows)
+            mma_score_kernel[grid](*args, **kw, CL=cl, MMA=mma, QL=ql, SCL=scl,
+                                   STAGES=MMA_STAGES, num_warps=1,
+                                   maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
     else:
         _portable_score_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,

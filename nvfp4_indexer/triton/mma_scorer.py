@@ -30,7 +30,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .layout import PAGE, SCALES_OFFSET
-from .wgmma_scorer import _dequant_half, _group_offsets, _load_q, _split_pages
+from .wgmma_scorer import (_dequant_half, _group_offsets, _half_operands, _load_q,
+                           _split_pages)
 
 CHUNK = gl.constexpr(16)  # tokens per MMA (the m16n8k16 A fragment's rows)
 
@@ -59,12 +60,7 @@ def _issue_chunk(ring_c, ring_s, cache64, cache8, base, off64, soff, k: gl.const
 @gluon.jit
 def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr):
     """[16 tokens, N] fp32 dot products of one chunk (both K halves)."""
-    c_lo, c_hi = gl.split(codes)
-    s_lo, s_hi = gl.split(sb)
-    s_lo = s_lo.to(gl.int32)
-    s_hi = s_hi.to(gl.int32)
-    r_lo = gl.load(tbl_ptr + s_lo)
-    r_hi = gl.load(tbl_ptr + s_hi)
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
     acc = mma_v2(_dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero)
     return mma_v2(_dequant_half(c_hi, s_hi, r_hi, A_L, CHUNK), q_hi, acc)
 

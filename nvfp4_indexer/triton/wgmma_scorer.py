@@ -135,15 +135,21 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
 
 
 @gluon.jit
-def _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_ptrs, A_L: gl.constexpr):
-    """One page: both K halves' lookup and MMA, the max over tokens stored at ``out_ptrs``."""
+def _half_operands(codes, sb, tbl_ptr):
+    """Both K halves' (codes, scale bytes as int32, table entries) of a tile of groups
+    ``[M, 4, 2]``; both halves' table entries (L1-resident 2 KB table) are loaded before the
+    first lookup."""
     c_lo, c_hi = gl.split(codes)
     s_lo, s_hi = gl.split(sb)
     s_lo = s_lo.to(gl.int32)
     s_hi = s_hi.to(gl.int32)
-    # both halves' table entries (L1-resident 2 KB table) before the first lookup
-    r_lo = gl.load(tbl_ptr + s_lo)
-    r_hi = gl.load(tbl_ptr + s_hi)
+    return c_lo, s_lo, gl.load(tbl_ptr + s_lo), c_hi, s_hi, gl.load(tbl_ptr + s_hi)
+
+
+@gluon.jit
+def _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_ptrs, A_L: gl.constexpr):
+    """One page: both K halves' lookup and MMA, the max over tokens stored at ``out_ptrs``."""
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
     acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L, 128), q_lo, zero, use_acc=False)
     acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L, 128), q_hi, acc)
     gl.store(out_ptrs, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)
