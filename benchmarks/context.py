@@ -14,7 +14,8 @@ from conformance.fixtures import OUT_POISON
 
 from . import workloads as wl
 from .pool import PagePool
-from .timing import (L2Flush, Timing, mix_ceiling_gbps, time_eager, time_graph, time_host)
+from .timing import (L2Flush, Timing, mix_ceiling_gbps, time_eager, time_graph,
+                     time_graph_single, time_host)
 
 POISON = OUT_POISON  # never a valid output value (outputs are >= -1)
 
@@ -107,6 +108,14 @@ class Context:
             t = self.time_uncapturable(calls)
             t.note = f"graph capture failed ({type(e).__name__}: {str(e)[:160]})"
             return t
+
+    def time_capturable_single(self, calls: list[Callable]) -> Timing:
+        """One graph replay per sample after an L2 flush (``timing.time_graph_single``): the
+        kernels of an eager call without its host overhead, in the same cache state."""
+        if not self.cuda:
+            return self._cpu_eager(calls)
+        return time_graph_single(calls, self.device, flush=self.flush, warmup=2,
+                                 max_samples=20, min_samples=5)
 
     def time_uncapturable(self, calls: list[Callable], max_samples: int = 20) -> Timing:
         if not self.cuda:

@@ -150,6 +150,54 @@ def time_graph(calls: list[Callable[[], object]], device: torch.device, *,
     return Timing(statistics.median(best), best, _cv(best), "cuda-graph", total, len(seq))
 
 
+def time_graph_single(calls: list[Callable[[], object]], device: torch.device, *,
+                      flush: "L2Flush | None" = None, warmup: int = 2, max_samples: int = 20,
+                      min_samples: int = 5, max_seconds: float = 1.5) -> Timing:
+    """Median device time of one CUDA-graph replay of a call, each after an L2 flush, with
+    events around the replay: the same cache state and per-call protocol as ``time_eager``
+    but no host launch overhead inside (the baseline an eager call is compared with).
+
+    Raises:
+        RuntimeError (or the capture's own error): a call that cannot be captured.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graphs = []
+    for c in calls:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            c()
+        graphs.append(g)
+    for i in range(warmup):
+        graphs[i % len(graphs)].replay()
+    sync(device)
+    samples: list[float] = []
+    spent = 0.0
+    i = 0
+    while len(samples) < max_samples and (len(samples) < min_samples or spent < max_seconds):
+        g = graphs[i % len(graphs)]
+        i += 1
+        if flush is not None:
+            flush()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        us = start.elapsed_time(end) * 1e3
+        samples.append(us)
+        spent += us * 1e-6
+    del graphs
+    method = "cuda-graph-single+flush" if flush is not None else "cuda-graph-single"
+    return Timing(statistics.median(samples), samples, _cv(samples), method, 1)
+
+
 class L2Flush:
     """A scratch buffer whose overwrite evicts the L2 before an eagerly timed call."""
 

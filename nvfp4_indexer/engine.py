@@ -531,11 +531,13 @@ class Indexer:
         portable, dequant, tok_block, warps, parts, streaming = resolve_tuning(dev)[:6]
         base = dict(FROM_SEQ_LENS=False, PORTABLE=portable, TOK_BLOCK=tok_block,
                     PAGE_PARTS=parts, STREAM=streaming, num_warps=warps)
-        self._gather_kw = dict(base, DEQUANT=dequant)
+        # eager launches with little host work (triton.launcher; issue 14)
+        from .triton.launcher import CachedLaunch
+        self._gather = CachedLaunch(_gather_kernel, **base, DEQUANT=dequant)
         # "ptx" reads uint16 code pairs: a cache not 2-byte aligned takes the byte path
-        self._gather_kw_bytes = dict(base, DEQUANT="triton")
+        self._gather_bytes = CachedLaunch(_gather_kernel, **base, DEQUANT="triton")
         self._gather_parts = parts
-        self._kernels = (_gather_kernel, _prefill_score_kernel, _prefill_merge_kernel)
+        self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
         self._ws8 = self.workspace.view(torch.uint8)
         self._cuda_guard = dev.type == "cuda"
         self._score_elems = self.score_buffer.numel()
@@ -950,14 +952,14 @@ class Indexer:
                 for r0 in range(_MAX_GRID_Y, n, _MAX_GRID_Y):  # CUDA's grid y limit
                     gather.append(((x, min(n, r0 + _MAX_GRID_Y) - r0),
                                    (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
-            static, score_kw, merge, cand, win = tpl
+            static, score, merge, cand, win = tpl
             # the score kernel reads ws offsets at (request - a): blocks name step requests
             launch = static.copy()
             launch.update(max_gather=max_gather, gather=gather, width=width,
                           score_grid=(nb, static["ns"]),
                           score_args=(ws8, ws_off, a, qsl_d, seq_lens, caps, blk, nb, cand,
                                       win),
-                          score_kw=score_kw,
+                          score=score,
                           merge=None if merge is None else
                           ((nb, merge[0]), (cand, qsl_d, seq_lens, caps, blk, nb), merge[1]))
             chunks.append(PrefillChunk(
@@ -979,17 +981,20 @@ class Indexer:
             L = _prefill_launch(num_blocks, score_pages, block_m, self._num_sms,
                                 self._score_elems)
             ns, keep = L["ns"], L["keep"]
-            score_kw = dict(H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
-                            DOT=self._dot, WINDOW=L["win"], KEEP=keep, TOKENS_N=self._tokens_n)
+            from .triton.launcher import CachedLaunch
+            sk, mk = self._kernels
+            score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
+                                 DOT=self._dot, WINDOW=L["win"], KEEP=keep,
+                                 TOKENS_N=self._tokens_n)
             merge = None
             if ns > 1:
                 mrows, warps = L["merge_config"]
                 merge = (_cdiv(block_m, mrows),
-                         dict(H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
-                              SPLITS_PAD=L["splits_pad"], ROWS=mrows, KEEP=keep,
-                              num_warps=warps))
+                         CachedLaunch(mk, H=self.config.num_heads, BLOCK_M=block_m,
+                                      NUM_SPLITS=ns, SPLITS_PAD=L["splits_pad"], ROWS=mrows,
+                                      KEEP=keep, num_warps=warps))
             cand, win = self._scratch_views(L["cand"], L["win_elems"])
-            got = self._templates[key] = (L, score_kw, merge, cand, win)
+            got = self._templates[key] = (L, score, merge, cand, win)
         return got
 
     def _stage_row_blocks(self, dst: np.ndarray, a: int, q_lens: list, nblk: list,
@@ -1167,23 +1172,22 @@ class Indexer:
     def _triton_prefill(self, index_q, cache, md, out) -> None:
         """Every chunk's planned launches: gather into the workspace, score, merge. The
         staged row offsets are absolute: the kernels take all of ``index_q`` and ``out``."""
-        gk, sk, mk = self._kernels
         q8 = index_q.view(torch.uint8)
         qs = q8.stride()
         cs = cache.stride(0)
         n_cache = cache.shape[0]
-        gkw = self._gather_kw if cache.data_ptr() % 2 == 0 else self._gather_kw_bytes
+        gather = self._gather if cache.data_ptr() % 2 == 0 else self._gather_bytes
         ws8 = self._ws8
         ws_pages = ws8.shape[0]
         for ch in md.prefill_chunks:
             L = ch.launch
             for grid, (bt, bts, pages, off) in L["gather"]:
-                gk[grid](cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"], n_cache,
-                         **gkw)
-            sk[L["score_grid"]](q8, qs[0], qs[1], *L["score_args"], out, **L["score_kw"])
+                gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
+                       n_cache)
+            L["score"](L["score_grid"], q8, qs[0], qs[1], *L["score_args"], out)
             m = L["merge"]
             if m is not None:
-                mk[m[0]](*m[1], out, **m[2])
+                m[2](m[0], *m[1], out)
 
     def _reference_chunk(self, q, cache, ch, md, out) -> None:
         """Reference: gather the chunk into the reserved workspace, score each request from

@@ -290,10 +290,31 @@ class DecodeRunner:
             score_buffer = torch.empty(2 * max(n, 1) + nw, dtype=torch.float32,
                                        device=self.device)
         self.scratch, self.win = self._scratch_view(score_buffer, n, nw)
+        self._prepare_launches()
         if warmup is None:
             warmup = self.device.type == "cuda"
         if warmup:
             self._warmup()
+
+    def _prepare_launches(self) -> None:
+        """The run's kernels with their constexprs fixed (``launcher.CachedLaunch``: an eager
+        launch costs little host time; issue 14)."""
+        from .launcher import CachedLaunch
+        q, h = self.query_len, self.num_heads
+        if self.dequant in PAGE_SCORE_MODES:
+            self._page_score = decode_wgmma.PageScoreLaunch(
+                self.dequant, width=self.width, query_len=q, num_heads=h, rows=self.block_m,
+                num_splits=self.num_splits, maxnreg=self.maxnreg)
+            return
+        self._score = CachedLaunch(
+            _decode_score_kernel, Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
+            DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
+            PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
+            **self._reg_cap)
+        self._merge = CachedLaunch(
+            _decode_merge_kernel, Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
+            SPLITS_PAD=self.splits_pad, ROWS=self.merge_rows, KEEP=self.keep, PDL=self.pdl,
+            num_warps=self.merge_warps, **self._pdl_launch)
 
     @property
     def error_bits(self) -> int:
@@ -362,27 +383,17 @@ class DecodeRunner:
                 f"{tuple(block_table.shape)}, {tuple(seq_lens.shape)}, {tuple(out.shape)}")
         if self.dequant in PAGE_SCORE_MODES:
             with device_guard(self.device):
-                decode_wgmma.launch(self.dequant, index_q, cache, block_table, seq_lens, out,
-                                    self.win, num_blocks=cache.shape[0], query_len=q,
-                                    num_heads=h, rows=self.block_m,
-                                    num_splits=self.num_splits, maxnreg=self.maxnreg)
+                self._page_score(index_q, cache, block_table, seq_lens, out, self.win,
+                                 num_blocks=cache.shape[0])
             return out
         q8 = index_q.view(torch.uint8)
         with device_guard(self.device):
-            _decode_score_kernel[(b, self.num_splits)](
-                q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
-                block_table, block_table.stride(0), seq_lens, self.scratch, self.win, out,
-                self.width, cache.shape[0], 0, 1, Q=q, H=h, BLOCK_M=self.block_m,
-                NUM_SPLITS=self.num_splits,
-                DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
-                PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
-                **self._reg_cap)
+            self._score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
+                        cache.stride(0), block_table, block_table.stride(0), seq_lens,
+                        self.scratch, self.win, out, self.width, cache.shape[0], 0, 1)
             if self.num_splits > 1:
-                _decode_merge_kernel[(b, triton.cdiv(q * h, self.merge_rows))](
-                    self.scratch, seq_lens, out, self.width, Q=q, H=h, BLOCK_M=self.block_m,
-                    NUM_SPLITS=self.num_splits, SPLITS_PAD=self.splits_pad,
-                    ROWS=self.merge_rows, KEEP=self.keep, PDL=self.pdl,
-                    num_warps=self.merge_warps, **self._pdl_launch)
+                self._merge((b, triton.cdiv(q * h, self.merge_rows)), self.scratch, seq_lens,
+                            out, self.width)
         return out
 
 

@@ -255,53 +255,90 @@ def mma_layouts(rows: int):
 GLUON_CACHE_ALIGN = {"mma": 16, "wgmma": 8}
 
 
-def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
-           query_len: int, num_heads: int, rows: int, num_splits: int,
-           maxnreg: int | None = None) -> None:
-    """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of at
-    least ``scratch_elems(B, W, rows)`` elements. ``dequant``: "mma" (Gluon, one warp per
-    program, SM89+), "wgmma" (Gluon, SM90) or "lut" (the plain-Triton twin); ``maxnreg``: the
-    "mma" scorer's register cap (default ``MMA_MAXNREG``). Shapes are the caller's
-    (``decode.DecodeRunner``) to check.
+def _select_blocks(width: int) -> tuple[int, int]:
+    """The select kernel's ``(CHUNK, GROUP)`` for block-table width ``width``."""
+    chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
+    return chunk, min(SELECT_GROUP, max(32, triton.next_power_of_2(triton.cdiv(width, 16))))
 
-    Raises:
-        ValueError: for "mma" / "wgmma", a cache whose page stride is not a multiple of 16
-            bytes or whose base address is not one of ``GLUON_CACHE_ALIGN[dequant]`` bytes
-            (16: "mma"'s 16-byte cp.async copies do not compile otherwise; 8: "wgmma"'s
-            int64 loads fault), before any launch (SPEC 2, 10).
+
+class PageScoreLaunch:
+    """The two launches of a page-score decode run (score kernel, then select) with their
+    constexprs and options fixed once (``launcher.CachedLaunch``: little host work per eager
+    launch). What ``decode.DecodeRunner`` keeps; ``launch`` builds one per call.
+
+    Args:
+        dequant: "mma" (Gluon, one warp per program, SM89+), "wgmma" (Gluon, SM90) or "lut"
+            (the plain-Triton twin). width: block-table width W. query_len, num_heads: Q, H.
+        rows: N = ``heuristics.block_rows(Q, H)``. num_splits: programs per request.
+        maxnreg: the "mma" scorer's register cap (default ``MMA_MAXNREG``).
     """
-    align = GLUON_CACHE_ALIGN.get(dequant)
-    if align and (cache.data_ptr() % align or cache.stride(0) % 16):
-        raise ValueError(f"cache: the {dequant!r} decode scorer needs a {align}-byte aligned "
-                         f"base and page stride, got data_ptr {cache.data_ptr():#x} and page "
-                         f"stride {cache.stride(0)}")
-    b, width = block_table.shape
-    q8 = index_q.view(torch.uint8)
-    table = _device_table(cache.device)
-    grid = (b, num_splits)
-    if dequant in ("wgmma", "mma"):  # the Gluon scorers: one argument list
-        args = (q8, q8.stride(0), q8.stride(1), cache, cache.stride(0) // 16, num_blocks,
-                block_table, block_table.stride(0), width, seq_lens, table, scores)
+
+    def __init__(self, dequant: str, *, width: int, query_len: int, num_heads: int, rows: int,
+                 num_splits: int, maxnreg: int | None = None):
+        from .launcher import CachedLaunch
+        self.dequant, self.num_splits = dequant, num_splits
+        self.q_len, self.heads = query_len, num_heads
         kw = dict(Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits)
         if dequant == "wgmma":
             from .wgmma_scorer import wgmma_score_kernel
             cl, mma, ql, b_sl = gluon_layouts(rows)
-            wgmma_score_kernel[grid](*args, **kw, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
-                                     num_warps=4)
-        else:
+            self.score = CachedLaunch(wgmma_score_kernel, **kw, CL=cl, MMA=mma, QL=ql,
+                                      B_SL=b_sl, num_warps=4)
+        elif dequant == "mma":
             from .heuristics import MMA_MAXNREG, MMA_STAGES
             from .mma_scorer import mma_score_kernel
             cl, mma, ql, scl = mma_layouts(rows)
-            mma_score_kernel[grid](*args, **kw, CL=cl, MMA=mma, QL=ql, SCL=scl,
-                                   STAGES=MMA_STAGES, num_warps=1,
-                                   maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
-    else:
-        _portable_score_kernel[grid](
-            q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), num_blocks, block_table,
-            block_table.stride(0), width, seq_lens, table.view(torch.uint8), scores,
-            Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits, num_warps=4)
-    select(scores, seq_lens, out, width=width, query_len=query_len, num_heads=num_heads,
-           rows=rows)
+            self.score = CachedLaunch(mma_score_kernel, **kw, CL=cl, MMA=mma, QL=ql, SCL=scl,
+                                      STAGES=MMA_STAGES, num_warps=1,
+                                      maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
+        else:
+            self.score = CachedLaunch(_portable_score_kernel, **kw, num_warps=4)
+        chunk, group = _select_blocks(width)
+        self.select = CachedLaunch(_select_kernel, Q=query_len, H=num_heads, N=rows,
+                                   CHUNK=chunk, GROUP=group, num_warps=SELECT_WARPS)
+
+    def __call__(self, index_q, cache, block_table, seq_lens, out, scores, *,
+                 num_blocks: int) -> None:
+        """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of
+        at least ``scratch_elems(B, W, rows)`` elements. Shapes are the caller's
+        (``decode.DecodeRunner``) to check.
+
+        Raises:
+            ValueError: for "mma" / "wgmma", a cache whose page stride is not a multiple of
+                16 bytes or whose base address is not one of ``GLUON_CACHE_ALIGN[dequant]``
+                bytes (16: "mma"'s 16-byte cp.async copies do not compile otherwise; 8:
+                "wgmma"'s int64 loads fault), before any launch (SPEC 2, 10).
+        """
+        dequant = self.dequant
+        align = GLUON_CACHE_ALIGN.get(dequant)
+        if align and (cache.data_ptr() % align or cache.stride(0) % 16):
+            raise ValueError(f"cache: the {dequant!r} decode scorer needs a {align}-byte "
+                             f"aligned base and page stride, got data_ptr "
+                             f"{cache.data_ptr():#x} and page stride {cache.stride(0)}")
+        b, width = block_table.shape
+        q8 = index_q.view(torch.uint8)
+        table = _device_table(cache.device)
+        if align:  # the Gluon scorers: one argument list, the page stride in 16-byte units
+            self.score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
+                       cache.stride(0) // 16, num_blocks, block_table, block_table.stride(0),
+                       width, seq_lens, table, scores)
+        else:
+            self.score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
+                       cache.stride(0), num_blocks, block_table, block_table.stride(0), width,
+                       seq_lens, table.view(torch.uint8), scores)
+        self.select((b, self.q_len * self.heads), scores, seq_lens, width, out)
+
+
+def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
+           query_len: int, num_heads: int, rows: int, num_splits: int,
+           maxnreg: int | None = None) -> None:
+    """``PageScoreLaunch(...)(...)`` in one call (tests, labs; a runner keeps its
+    ``PageScoreLaunch``): both kernels, no allocation, no sync. Arguments and errors as
+    ``PageScoreLaunch``."""
+    PageScoreLaunch(dequant, width=block_table.shape[1], query_len=query_len,
+                    num_heads=num_heads, rows=rows, num_splits=num_splits,
+                    maxnreg=maxnreg)(index_q, cache, block_table, seq_lens, out, scores,
+                                     num_blocks=num_blocks)
 
 
 def select(scores, seq_lens, out, *, width: int, query_len: int, num_heads: int,
@@ -310,8 +347,7 @@ def select(scores, seq_lens, out, *, width: int, query_len: int, num_heads: int,
     ``[B*Q, H, 16]`` from the page scores in ``scores`` viewed as ``[B, N, W]`` (row
     n = i*H + h; entries ``j < L`` read)."""
     b = seq_lens.shape[0]
-    chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
-    group = min(SELECT_GROUP, max(32, triton.next_power_of_2(triton.cdiv(width, 16))))
+    chunk, group = _select_blocks(width)
     _select_kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len,
                                                H=num_heads, N=rows, CHUNK=chunk, GROUP=group,
                                                num_warps=SELECT_WARPS)

@@ -1,0 +1,103 @@
+"""Low host-overhead launches of Triton / Gluon kernels (issue 14: eager engine steps, SPEC 8.1).
+
+``kernel[grid](*args, **constexprs)`` spends 20-25 us of host time per launch on the H200's host
+(binding the arguments, hashing the specialization, Gluon layout constexprs included) before the
+driver call; a compiled kernel's own launch costs 6-9 us (``docs/benchmarks.md``, "Issue 14,
+eager launches"). ``CachedLaunch`` fixes a kernel's constexprs and options once, goes through
+Triton's JIT on the first launch of each argument *specialization* (which compiles, or finds
+the compiled kernel, and launches it), keeps the compiled kernel, and launches it directly
+afterwards.
+
+The specialization key is at least as fine as Triton's own (``native_specialize_impl``): per
+tensor its dtype and whether its address is a multiple of 16 bytes, per int whether it is 1,
+a multiple of 16 and which integer type it needs, per float / bool / None its type, plus the
+current CUDA device. So a launch never reuses a kernel compiled for a different
+specialization. Under the interpreter (``TRITON_INTERPRET=1``) or without CUDA every launch
+goes through the JIT.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+
+from .numerics import interpreting
+
+
+def _arg_key(a):
+    """The part of one runtime argument's specialization a compiled kernel depends on."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if type(a) is int:
+        return ("i", a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a < 2 ** 63)
+    if a is None or isinstance(a, (bool, float)):
+        return type(a)
+    raise TypeError(f"CachedLaunch: unsupported runtime argument type {type(a).__name__}")
+
+
+class CachedLaunch:
+    """A kernel with fixed constexprs and launch options, launched with little host work.
+
+    Args:
+        fn: a ``triton.jit`` or ``gluon.jit`` function whose runtime parameters all come before
+            its constexpr parameters (the layout of every kernel in this package).
+        **constexprs_and_options: every constexpr parameter by name (those with defaults may
+            be left out) and the launch options (``num_warps``, ``maxnreg``, ``launch_pdl``...).
+    Call ``launch(grid, *args)`` with the runtime arguments in parameter order. No allocation,
+    no sync: CUDA-graph capturable (the current stream is read at every launch).
+
+    Raises:
+        ValueError: a constexpr parameter before a runtime one, or a missing constexpr.
+        TypeError (at launch): a runtime argument that is not a tensor, int, float, bool or
+        None.
+    """
+
+    def __init__(self, fn, **constexprs_and_options):
+        self.fn = fn
+        self.kwargs = constexprs_and_options
+        self.compiled: dict = {}
+        self.direct = not interpreting() and torch.cuda.is_available()
+        self.num_runtime = None  # not checked through the JIT (the interpreter has no params)
+        if not self.direct:
+            return
+        params = fn.params
+        runtime = [p for p in params if not p.is_constexpr]
+        if any(p.is_constexpr for p in params[:len(runtime)]):
+            raise ValueError(f"CachedLaunch({fn.__name__}): constexpr parameters must follow "
+                             "the runtime ones")
+        self.num_runtime = len(runtime)
+        tail = []
+        for p in params[len(runtime):]:
+            if p.name in constexprs_and_options:
+                tail.append(constexprs_and_options[p.name])
+            elif p.has_default:
+                tail.append(p.default)
+            else:
+                raise ValueError(f"CachedLaunch({fn.__name__}): constexpr {p.name!r} not given")
+        self.tail = tuple(tail)  # constexpr values in parameter order (the launcher skips them)
+
+    def __call__(self, grid, *args) -> None:
+        if not self.direct:
+            self.fn[grid](*args, **self.kwargs)
+            return
+        if len(args) != self.num_runtime:
+            raise TypeError(f"CachedLaunch({self.fn.__name__}): expected {self.num_runtime} "
+                            f"runtime arguments, got {len(args)}")
+        device = torch.cuda.current_device()
+        key = (device, *map(_arg_key, args))
+        k = self.compiled.get(key)
+        if k is None:  # Triton's JIT: compile (or find) and launch; keep the compiled kernel
+            k = self.fn[grid](*args, **self.kwargs)
+            if hasattr(k, "result"):
+                k = k.result()
+            k._init_handles()
+            self.compiled[key] = k
+            return
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        stream = torch.cuda.current_stream(device).cuda_stream
+        full = args + self.tail
+        enter = knobs.runtime.launch_enter_hook
+        meta = None if enter is None else k.launch_metadata(grid, stream, *full)
+        k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, meta, enter,
+              knobs.runtime.launch_exit_hook, *full)
