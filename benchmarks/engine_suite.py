@@ -171,7 +171,8 @@ def engine_case(ctx, case: EngineCase) -> dict:
         # ``kernels_warm_us``, also overlap one call's tail with the next one's start)
         kern = ctx.time_capturable_single([fwd])
         rec["kernels_warm_us"] = ctx.time_capturable([fwd]).us
-        rec["kernels_path"] = "planned forward captured in a CUDA graph, one replay after an L2 flush"
+        rec["kernels_path"] = ("planned forward captured in a CUDA graph, one replay after an "
+                               "L2 flush")
     rec["kernels_us"] = kern.us
     rec["forward_over_kernels"] = t.us / kern.us if kern.us else None
     rec["step_us"] = rec["plan_us"] + t.us

@@ -51,7 +51,7 @@ class Timing:
     us: float
     samples_us: list[float]
     cv: float
-    method: str  # "cuda-graph" | "cuda-events-eager+flush" | "cpu-wall-clock"
+    method: str  # "cuda-graph" | "cuda-graph-single[+flush]" | "cuda-events-eager+flush" | ...
     calls_per_sample: int
     graphs: int = 0
     note: str = ""
@@ -99,6 +99,18 @@ def graph_sequence(num_slots: int, graph_calls: int) -> list[list[int]]:
             for g in range(0, num_slots, graph_calls)]
 
 
+def _run_on_side_stream(calls: list[Callable[[], object]], device: torch.device) -> None:
+    """Run every call once eagerly on a side stream (as torch recommends before capture), so
+    compilation and lazy initialization stay out of the capture and the numbers."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+
+
 def time_graph(calls: list[Callable[[], object]], device: torch.device, *,
                graph_calls: int = GRAPH_CALLS, warmup: int = WARMUP,
                replays: int = REPLAYS) -> Timing:
@@ -110,13 +122,7 @@ def time_graph(calls: list[Callable[[], object]], device: torch.device, *,
     Raises:
         RuntimeError (or the capture's own error): a call that cannot be captured.
     """
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
+    _run_on_side_stream(calls, device)
     seq = graph_sequence(len(calls), graph_calls)
     graphs = []
     for chunk in seq:
@@ -154,48 +160,24 @@ def time_graph_single(calls: list[Callable[[], object]], device: torch.device, *
                       flush: "L2Flush | None" = None, warmup: int = 2, max_samples: int = 20,
                       min_samples: int = 5, max_seconds: float = 1.5) -> Timing:
     """Median device time of one CUDA-graph replay of a call, each after an L2 flush, with
-    events around the replay: the same cache state and per-call protocol as ``time_eager``
-    but no host launch overhead inside (the baseline an eager call is compared with).
+    events around the replay: ``time_eager``'s protocol and cache state on each call's
+    captured graph, so no host launch overhead inside (the baseline an eager call is
+    compared with).
 
     Raises:
         RuntimeError (or the capture's own error): a call that cannot be captured.
     """
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
+    _run_on_side_stream(calls, device)
     graphs = []
     for c in calls:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             c()
         graphs.append(g)
-    for i in range(warmup):
-        graphs[i % len(graphs)].replay()
-    sync(device)
-    samples: list[float] = []
-    spent = 0.0
-    i = 0
-    while len(samples) < max_samples and (len(samples) < min_samples or spent < max_seconds):
-        g = graphs[i % len(graphs)]
-        i += 1
-        if flush is not None:
-            flush()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        us = start.elapsed_time(end) * 1e3
-        samples.append(us)
-        spent += us * 1e-6
-    del graphs
-    method = "cuda-graph-single+flush" if flush is not None else "cuda-graph-single"
-    return Timing(statistics.median(samples), samples, _cv(samples), method, 1)
+    t = time_eager([g.replay for g in graphs], device, flush=flush, warmup=warmup,
+                   max_samples=max_samples, min_samples=min_samples, max_seconds=max_seconds)
+    t.method = "cuda-graph-single+flush" if flush is not None else "cuda-graph-single"
+    return t
 
 
 class L2Flush:
