@@ -1,14 +1,19 @@
 """``triton.launcher.CachedLaunch``: eager launches with little host work (issue 14).
 
-CPU (interpreter): every launch goes through the JIT and gives its result; the specialization
+CPU (interpreter): every launch goes through the JIT and gives its result, after the GPU
+path's checks (parameter layout, constexprs, argument count and types); the specialization
 key separates what Triton's own specialization separates (tensor dtype and 16-byte alignment,
-ints equal to 1 / divisible by 16 / wider than 32 bits). GPU: a direct launch after the first
-one of each specialization gives the JIT's result, a misaligned view gets its own compiled
-kernel, and a launch captured in a CUDA graph replays with fresh inputs.
+ints equal to 1 / divisible by 16 / wider than 32 bits), checked against Triton's
+``native_specialize_impl`` itself. GPU: a direct launch after the first one of each
+specialization gives the JIT's result, a misaligned view gets its own compiled kernel, and a
+launch captured in a CUDA graph replays with fresh inputs.
 """
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 import torch
 import triton
@@ -25,6 +30,11 @@ def _axpb_kernel(x_ptr, y_ptr, n, a, B: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * a + B, mask=m)
+
+
+@triton.jit
+def _constexpr_first_kernel(x_ptr, B: tl.constexpr, n):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.int32) + B + n)
 
 
 def _run(launch, x, y, a):
@@ -55,6 +65,66 @@ def test_key_separates_triton_specializations():
         _arg_key("x")
 
 
+def _specialization_battery():
+    """Runtime arguments around every boundary of Triton's specialization: ints near 0, 1,
+    multiples of 16 and the i32 / i64 / u64 limits, bools, floats, None, tensors of several
+    dtypes at every byte offset 0..32, 0-size and non-contiguous views."""
+    ints = {v + d for v in (0, 16, 2 ** 31, -(2 ** 31), 2 ** 32, 2 ** 63, -(2 ** 63))
+            for d in (-17, -16, -1, 0, 1, 2, 15, 16)}
+    ints |= {2 ** 64 - 16, 2 ** 64 - 1}
+    ints = {v for v in ints if -(2 ** 63) <= v < 2 ** 64}
+    vals = sorted(ints) + [True, False, 0.0, 1.0, -2.5, 1e300, float("inf"), np.float64(1.0),
+                           None]
+    raw = torch.zeros(256, dtype=torch.uint8)
+    for dtype in (torch.uint8, torch.int32, torch.float32, torch.float8_e4m3fn):
+        for off in range(0, 33, dtype.itemsize):
+            vals.append(raw[off:].view(dtype)[:8])
+    vals += [raw[:0], raw.view(torch.int32)[::3], raw.view(torch.int32).view(8, 8).t(),
+             torch.empty(0, dtype=torch.float16)]
+    return vals
+
+
+def test_key_is_at_least_as_fine_as_triton():
+    """Two arguments with one key get one Triton specialization (``native_specialize_impl``,
+    what ``JITFunction.run`` keys its compiled kernels on), for every parameter flag
+    combination (const pointer, ``do_not_specialize``, ``do_not_specialize_on_alignment``):
+    a direct launch never reuses a kernel compiled for other assumptions."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    vals = _specialization_battery()
+    flags = list(itertools.product((False, True), repeat=3))
+    by_key: dict = {}
+    for v in vals:
+        by_key.setdefault(_arg_key(v), []).append(v)
+    assert len(by_key) > 12  # the battery spans many keys
+    for key, group in by_key.items():
+        for is_const, spec, align in flags:
+            got = {repr(native_specialize_impl(backend, v, is_const, spec, align))
+                   for v in group}
+            assert len(got) == 1, (key, (is_const, spec, align), got)
+
+
+def test_checks_run_under_the_interpreter_too():
+    """The parameter layout, constexpr, argument count and type checks hold on CPU as on a
+    GPU, before any launch (the output stays poisoned)."""
+    with pytest.raises(ValueError, match="constexpr parameters must follow"):
+        CachedLaunch(_constexpr_first_kernel, B=1)
+    with pytest.raises(ValueError, match="constexpr 'BLOCK' not given"):
+        CachedLaunch(_axpb_kernel, B=1)
+    launch = CachedLaunch(_axpb_kernel, B=3, BLOCK=64)
+    x = torch.arange(64, dtype=torch.int32, device=DEV)
+    y = torch.full((64,), -1, dtype=torch.int32, device=DEV)
+    with pytest.raises(TypeError, match="expected 4 runtime arguments, got 3"):
+        launch((1,), x, y, 64)
+    with pytest.raises(TypeError, match="unsupported runtime argument type int64"):
+        launch((1,), x, y, np.int64(64), 2)
+    assert torch.all(y == -1)
+    launch((1,), x, y, 64, 2)
+    assert torch.equal(y, 2 * x + 3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_direct_launches_per_specialization_and_in_graphs():
@@ -62,9 +132,10 @@ def test_direct_launches_per_specialization_and_in_graphs():
     assert launch.direct
     base = torch.arange(512, dtype=torch.int32, device=DEV)
     y = torch.empty(256, dtype=torch.int32, device=DEV)
-    for off in (0, 0, 1, 1):  # second launch of each specialization is direct
-        _run(launch, base[off:off + 256], y, 3)
-        assert torch.equal(y, base[off:off + 256] * 3 - 7)
+    for off, a in ((0, 3), (0, 5), (1, 3), (1, 5)):  # the second of each key is direct
+        y.fill_(-1)
+        _run(launch, base[off:off + 256], y, a)
+        assert torch.equal(y, base[off:off + 256] * a - 7), (off, a)
     assert len(launch.compiled) == 2
     with pytest.raises(TypeError, match="expected 4 runtime arguments"):
         launch((1,), base, y, 256)
