@@ -19,7 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key
+from triton import knobs
+
+from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key, _launch_key
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -104,6 +106,20 @@ def test_key_is_at_least_as_fine_as_triton():
             got = {repr(native_specialize_impl(backend, v, is_const, spec, align))
                    for v in group}
             assert len(got) == 1, (key, (is_const, spec, align), got)
+
+
+def test_key_follows_device_and_jit_compile_knobs(monkeypatch):
+    """The JIT keys its kernels on ``debug`` and ``instrumentation_mode`` read from the knobs
+    at every launch (``JITFunction.run``): turning either on after a first launch must not
+    reuse the kernel compiled without it; the device separates too."""
+    args = (torch.zeros(4), 3, None)
+    k0 = _launch_key(0, args)
+    assert _launch_key(0, args) == k0 and _launch_key(1, args) != k0
+    monkeypatch.setattr(knobs.runtime, "debug", not knobs.runtime.debug)
+    k1 = _launch_key(0, args)
+    assert k1 != k0
+    monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "consan")
+    assert _launch_key(0, args) not in (k0, k1)
 
 
 def test_checks_run_under_the_interpreter_too():

@@ -11,7 +11,8 @@ afterwards.
 The specialization key is at least as fine as Triton's own (``native_specialize_impl``): per
 tensor its dtype and whether its address is a multiple of 16 bytes, per int whether it is 1,
 a multiple of 16 and which integer type it needs, per float / bool / None its type, plus the
-current CUDA device. So a launch never reuses a kernel compiled for a different
+current CUDA device and the two compile options the JIT reads from ``triton.knobs`` at every
+launch (``runtime.debug``, ``compilation.instrumentation_mode``). So a launch never reuses a kernel compiled for a different
 specialization. Under the interpreter (``TRITON_INTERPRET=1``) or without CUDA every launch
 goes through the JIT, after the same checks (parameter layout, constexprs, argument count and
 types) as on a GPU: CPU tests see the errors a GPU launch would raise.
@@ -37,6 +38,15 @@ def _arg_key(a):
     if a is None or isinstance(a, (bool, float)):
         return type(a)
     raise TypeError(f"CachedLaunch: unsupported runtime argument type {type(a).__name__}")
+
+
+def _launch_key(device: int, args: tuple) -> tuple:
+    """What the compiled kernel of a launch depends on besides the fixed constexprs and
+    options: the CUDA device, the compile options ``JITFunction.run`` reads from the knobs at
+    every launch (``runtime.debug``, ``compilation.instrumentation_mode``: part of its cache
+    key) and each runtime argument's specialization."""
+    return (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+            *map(_arg_key, args))
 
 
 def _params(fn) -> list:
@@ -100,7 +110,7 @@ class CachedLaunch:
             self.fn[grid](*args, **self.kwargs)
             return
         device = torch.cuda.current_device()
-        key = (device, *map(_arg_key, args))
+        key = _launch_key(device, args)
         k = self.compiled.get(key)
         if k is None:  # Triton's JIT: compile (or find) and launch; keep the compiled kernel
             k = self.fn[grid](*args, **self.kwargs)
