@@ -4,7 +4,9 @@ CPU (interpreter): every launch goes through the JIT and gives its result, after
 path's checks (parameter layout, constexprs, argument count and types); the specialization
 key separates what Triton's own specialization separates (tensor dtype and 16-byte alignment,
 ints equal to 1 / divisible by 16 / wider than 32 bits), checked against Triton's
-``native_specialize_impl`` itself. GPU: a direct launch after the first one of each
+``native_specialize_impl`` itself; the direct path's bookkeeping (JIT first, then
+``CompiledKernel.run`` with the padded grid, stream, hooks, arguments and constexprs) on a
+stand-in kernel. GPU: a direct launch after the first one of each
 specialization gives the JIT's result, a misaligned view gets its own compiled kernel, and a
 launch captured in a CUDA graph replays with fresh inputs.
 """
@@ -12,6 +14,7 @@ launch captured in a CUDA graph replays with fresh inputs.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +24,7 @@ import triton.language as tl
 
 from triton import knobs
 
-from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key, _launch_key
+from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key, _launch_key, _params
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -37,6 +40,43 @@ def _axpb_kernel(x_ptr, y_ptr, n, a, B: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _constexpr_first_kernel(x_ptr, B: tl.constexpr, n):
     tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.int32) + B + n)
+
+
+@triton.jit
+def _tail_kernel(x_ptr, n, A: tl.constexpr, B: tl.constexpr = 5):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.int32) + A + B + n)
+
+
+class _StandInCompiled:
+    """Records what ``CachedLaunch`` hands a compiled kernel (``CompiledKernel``'s interface)."""
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self):
+        self.runs, self.inits = [], 0
+
+    def _init_handles(self):
+        self.inits += 1
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("meta", grid, stream, args)
+
+    def run(self, *a):
+        self.runs.append(a)
+
+
+class _StandInJit:
+    """A JIT function's stand-in on CPU: its real parameters; ``fn[grid](...)`` records the JIT
+    launch and returns ``kernel`` (None: the JIT skipped it, as a ``jit_cache_hook`` makes it)."""
+    __name__ = "stand_in"
+
+    def __init__(self, fn, kernel):
+        self.params, self.kernel, self.jit = _params(fn), kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.jit.append((grid, args, kw))
+            return self.kernel
+        return run
 
 
 def _run(launch, x, y, a):
@@ -120,6 +160,39 @@ def test_key_follows_device_and_jit_compile_knobs(monkeypatch):
     assert k1 != k0
     monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "consan")
     assert _launch_key(0, args) not in (k0, k1)
+
+
+def test_direct_path_on_a_stand_in_kernel(monkeypatch):
+    """The GPU path's bookkeeping, on CPU: the first launch of a key goes through the JIT
+    (constexprs and options as keywords), later ones call ``CompiledKernel.run`` with the grid
+    padded to 3, the current stream, the launch metadata and hooks, then the runtime arguments
+    and the constexprs in parameter order (defaults included); a launch the JIT skips (it
+    returned no kernel) is not kept."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(cuda_stream=77))
+    kern = _StandInCompiled()
+    fn = _StandInJit(_tail_kernel, kern)
+    launch = CachedLaunch(fn, A=2, num_warps=1)
+    launch.direct = True  # what a CUDA host decides
+    x = torch.zeros(8, dtype=torch.int32)
+    launch((3,), x, 7)
+    assert fn.jit == [((3,), (x, 7), {"A": 2, "num_warps": 1})] and kern.inits == 1
+    launch((4, 2), x, 9)  # same key (9, 7: i32, not 1, not a multiple of 16): direct
+    assert len(fn.jit) == 1 and len(kern.runs) == 1
+    (run,) = kern.runs
+    assert run[:6] == (4, 2, 1, 77, "function", "packed")
+    assert run[6] == ("meta", (4, 2), 77, (x, 9, 2, 5))
+    assert run[7] is knobs.runtime.launch_enter_hook and run[8] is knobs.runtime.launch_exit_hook
+    assert run[9] is x and run[10:] == (9, 2, 5)
+    launch((3,), x, 1)  # another specialization: the JIT again
+    launch((3,), x[1:], 9)
+    assert len(fn.jit) == 3 and len(launch.compiled) == 3 and len(kern.runs) == 1
+    skipped = CachedLaunch(_StandInJit(_tail_kernel, None), A=2)
+    skipped.direct = True
+    skipped((1,), x, 7)
+    skipped((1,), x, 7)
+    assert skipped.compiled == {} and len(skipped.fn.jit) == 2
 
 
 def test_checks_run_under_the_interpreter_too():

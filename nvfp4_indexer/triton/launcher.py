@@ -114,6 +114,8 @@ class CachedLaunch:
         k = self.compiled.get(key)
         if k is None:  # Triton's JIT: compile (or find) and launch; keep the compiled kernel
             k = self.fn[grid](*args, **self.kwargs)
+            if k is None:  # the JIT skipped the launch (a ``jit_cache_hook`` said so): so do we
+                return
             if hasattr(k, "result"):
                 k = k.result()
             k._init_handles()
