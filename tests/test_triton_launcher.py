@@ -1,20 +1,30 @@
 """``triton.launcher.CachedLaunch``: eager launches with little host work (issue 14).
 
-CPU (interpreter): every launch goes through the JIT and gives its result; the specialization
+CPU (interpreter): every launch goes through the JIT and gives its result, after the GPU
+path's checks (parameter layout, constexprs, argument count and types); the specialization
 key separates what Triton's own specialization separates (tensor dtype and 16-byte alignment,
-ints equal to 1 / divisible by 16 / wider than 32 bits). GPU: a direct launch after the first
-one of each specialization gives the JIT's result, a misaligned view gets its own compiled
-kernel, and a launch captured in a CUDA graph replays with fresh inputs.
+ints equal to 1 / divisible by 16 / wider than 32 bits), checked against Triton's
+``native_specialize_impl`` itself; the direct path's bookkeeping (JIT first, then
+``CompiledKernel.run`` with the padded grid, stream, hooks, arguments and constexprs) on a
+stand-in kernel. GPU: a direct launch after the first one of each
+specialization gives the JIT's result, a misaligned view gets its own compiled kernel, and a
+launch captured in a CUDA graph replays with fresh inputs.
 """
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key
+from triton import knobs
+
+from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key, _launch_key, _params
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -25,6 +35,48 @@ def _axpb_kernel(x_ptr, y_ptr, n, a, B: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * a + B, mask=m)
+
+
+@triton.jit
+def _constexpr_first_kernel(x_ptr, B: tl.constexpr, n):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.int32) + B + n)
+
+
+@triton.jit
+def _tail_kernel(x_ptr, n, A: tl.constexpr, B: tl.constexpr = 5):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.int32) + A + B + n)
+
+
+class _StandInCompiled:
+    """Records what ``CachedLaunch`` hands a compiled kernel (``CompiledKernel``'s interface)."""
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self):
+        self.runs, self.inits = [], 0
+
+    def _init_handles(self):
+        self.inits += 1
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("meta", grid, stream, args)
+
+    def run(self, *a):
+        self.runs.append(a)
+
+
+class _StandInJit:
+    """A JIT function's stand-in on CPU: its real parameters; ``fn[grid](...)`` records the JIT
+    launch and returns ``kernel`` (None: the JIT skipped it, as a ``jit_cache_hook`` makes it)."""
+    __name__ = "stand_in"
+
+    def __init__(self, fn, kernel):
+        self.params, self.kernel, self.jit = _params(fn), kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.jit.append((grid, args, kw))
+            return self.kernel
+        return run
 
 
 def _run(launch, x, y, a):
@@ -55,6 +107,113 @@ def test_key_separates_triton_specializations():
         _arg_key("x")
 
 
+def _specialization_battery():
+    """Runtime arguments around every boundary of Triton's specialization: ints near 0, 1,
+    multiples of 16 and the i32 / i64 / u64 limits, bools, floats, None, tensors of several
+    dtypes at every byte offset 0..32, 0-size and non-contiguous views."""
+    ints = {v + d for v in (0, 16, 2 ** 31, -(2 ** 31), 2 ** 32, 2 ** 63, -(2 ** 63))
+            for d in (-17, -16, -1, 0, 1, 2, 15, 16)}
+    ints |= {2 ** 64 - 16, 2 ** 64 - 1}
+    ints = {v for v in ints if -(2 ** 63) <= v < 2 ** 64}
+    vals = sorted(ints) + [True, False, 0.0, 1.0, -2.5, 1e300, float("inf"), np.float64(1.0),
+                           None]
+    raw = torch.zeros(256, dtype=torch.uint8)
+    for dtype in (torch.uint8, torch.int32, torch.float32, torch.float8_e4m3fn):
+        for off in range(0, 33, dtype.itemsize):
+            vals.append(raw[off:].view(dtype)[:8])
+    vals += [raw[:0], raw.view(torch.int32)[::3], raw.view(torch.int32).view(8, 8).t(),
+             torch.empty(0, dtype=torch.float16)]
+    return vals
+
+
+def test_key_is_at_least_as_fine_as_triton():
+    """Two arguments with one key get one Triton specialization (``native_specialize_impl``,
+    what ``JITFunction.run`` keys its compiled kernels on), for every parameter flag
+    combination (const pointer, ``do_not_specialize``, ``do_not_specialize_on_alignment``):
+    a direct launch never reuses a kernel compiled for other assumptions."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    vals = _specialization_battery()
+    flags = list(itertools.product((False, True), repeat=3))
+    by_key: dict = {}
+    for v in vals:
+        by_key.setdefault(_arg_key(v), []).append(v)
+    assert len(by_key) > 12  # the battery spans many keys
+    for key, group in by_key.items():
+        for is_const, spec, align in flags:
+            got = {repr(native_specialize_impl(backend, v, is_const, spec, align))
+                   for v in group}
+            assert len(got) == 1, (key, (is_const, spec, align), got)
+
+
+def test_key_follows_device_and_jit_compile_knobs(monkeypatch):
+    """The JIT keys its kernels on ``debug`` and ``instrumentation_mode`` read from the knobs
+    at every launch (``JITFunction.run``): turning either on after a first launch must not
+    reuse the kernel compiled without it; the device separates too."""
+    args = (torch.zeros(4), 3, None)
+    k0 = _launch_key(0, args)
+    assert _launch_key(0, args) == k0 and _launch_key(1, args) != k0
+    monkeypatch.setattr(knobs.runtime, "debug", not knobs.runtime.debug)
+    k1 = _launch_key(0, args)
+    assert k1 != k0
+    monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "consan")
+    assert _launch_key(0, args) not in (k0, k1)
+
+
+def test_direct_path_on_a_stand_in_kernel(monkeypatch):
+    """The GPU path's bookkeeping, on CPU: the first launch of a key goes through the JIT
+    (constexprs and options as keywords), later ones call ``CompiledKernel.run`` with the grid
+    padded to 3, the current stream, the launch metadata and hooks, then the runtime arguments
+    and the constexprs in parameter order (defaults included); a launch the JIT skips (it
+    returned no kernel) is not kept."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(cuda_stream=77))
+    kern = _StandInCompiled()
+    fn = _StandInJit(_tail_kernel, kern)
+    launch = CachedLaunch(fn, A=2, num_warps=1)
+    launch.direct = True  # what a CUDA host decides
+    x = torch.zeros(8, dtype=torch.int32)
+    launch((3,), x, 7)
+    assert fn.jit == [((3,), (x, 7), {"A": 2, "num_warps": 1})] and kern.inits == 1
+    launch((4, 2), x, 9)  # same key (9, 7: i32, not 1, not a multiple of 16): direct
+    assert len(fn.jit) == 1 and len(kern.runs) == 1
+    (run,) = kern.runs
+    assert run[:6] == (4, 2, 1, 77, "function", "packed")
+    assert run[6] == ("meta", (4, 2), 77, (x, 9, 2, 5))
+    assert run[7] is knobs.runtime.launch_enter_hook and run[8] is knobs.runtime.launch_exit_hook
+    assert run[9] is x and run[10:] == (9, 2, 5)
+    launch((3,), x, 1)  # another specialization: the JIT again
+    launch((3,), x[1:], 9)
+    assert len(fn.jit) == 3 and len(launch.compiled) == 3 and len(kern.runs) == 1
+    skipped = CachedLaunch(_StandInJit(_tail_kernel, None), A=2)
+    skipped.direct = True
+    skipped((1,), x, 7)
+    skipped((1,), x, 7)
+    assert skipped.compiled == {} and len(skipped.fn.jit) == 2
+
+
+def test_checks_run_under_the_interpreter_too():
+    """The parameter layout, constexpr, argument count and type checks hold on CPU as on a
+    GPU, before any launch (the output stays poisoned)."""
+    with pytest.raises(ValueError, match="constexpr parameters must follow"):
+        CachedLaunch(_constexpr_first_kernel, B=1)
+    with pytest.raises(ValueError, match="constexpr 'BLOCK' not given"):
+        CachedLaunch(_axpb_kernel, B=1)
+    launch = CachedLaunch(_axpb_kernel, B=3, BLOCK=64)
+    x = torch.arange(64, dtype=torch.int32, device=DEV)
+    y = torch.full((64,), -1, dtype=torch.int32, device=DEV)
+    with pytest.raises(TypeError, match="expected 4 runtime arguments, got 3"):
+        launch((1,), x, y, 64)
+    with pytest.raises(TypeError, match="unsupported runtime argument type int64"):
+        launch((1,), x, y, np.int64(64), 2)
+    assert torch.all(y == -1)
+    launch((1,), x, y, 64, 2)
+    assert torch.equal(y, 2 * x + 3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_direct_launches_per_specialization_and_in_graphs():
@@ -62,9 +221,10 @@ def test_direct_launches_per_specialization_and_in_graphs():
     assert launch.direct
     base = torch.arange(512, dtype=torch.int32, device=DEV)
     y = torch.empty(256, dtype=torch.int32, device=DEV)
-    for off in (0, 0, 1, 1):  # second launch of each specialization is direct
-        _run(launch, base[off:off + 256], y, 3)
-        assert torch.equal(y, base[off:off + 256] * 3 - 7)
+    for off, a in ((0, 3), (0, 5), (1, 3), (1, 5)):  # the second of each key is direct
+        y.fill_(-1)
+        _run(launch, base[off:off + 256], y, a)
+        assert torch.equal(y, base[off:off + 256] * a - 7), (off, a)
     assert len(launch.compiled) == 2
     with pytest.raises(TypeError, match="expected 4 runtime arguments"):
         launch((1,), base, y, 256)

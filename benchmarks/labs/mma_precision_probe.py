@@ -151,11 +151,17 @@ def offline_sass(arch: int = 90) -> list[str]:
 
 
 def main(argv=None) -> int:
-    import sys
-    args = sys.argv[1:] if argv is None else list(argv)
-    if "--sass" in args or "--sass-arch" in args:
-        arch = int(args[args.index("--sass-arch") + 1]) if "--sass-arch" in args else 90
-        for line in offline_sass(arch):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.labs.mma_precision_probe",
+                                 description="How mma.sync accumulates E4M3 and fp16 products "
+                                 "on the current GPU (module docstring).")
+    ap.add_argument("--sass", action="store_true",
+                    help="no GPU: compile the tile kernel offline, count its SASS per mma.sync")
+    ap.add_argument("--sass-arch", type=int, default=None, metavar="N",
+                    help="the --sass target sm_N (default 90; implies --sass)")
+    args = ap.parse_args(argv)
+    if args.sass or args.sass_arch is not None:
+        for line in offline_sass(90 if args.sass_arch is None else args.sass_arch):
             print(line)
         return 0
     if not torch.cuda.is_available():
