@@ -12,10 +12,11 @@ The specialization key is at least as fine as Triton's own (``native_specialize_
 tensor its dtype and whether its address is a multiple of 16 bytes, per int whether it is 1,
 a multiple of 16 and which integer type it needs, per float / bool / None its type, plus the
 current CUDA device and the two compile options the JIT reads from ``triton.knobs`` at every
-launch (``runtime.debug``, ``compilation.instrumentation_mode``). So a launch never reuses a kernel compiled for a different
-specialization. Under the interpreter (``TRITON_INTERPRET=1``) or without CUDA every launch
-goes through the JIT, after the same checks (parameter layout, constexprs, argument count and
-types) as on a GPU: CPU tests see the errors a GPU launch would raise.
+launch (``runtime.debug``, ``compilation.instrumentation_mode``). So a launch never reuses a
+kernel compiled for a different specialization. Under the interpreter
+(``TRITON_INTERPRET=1``) or without CUDA every launch goes through the JIT, after the same
+checks (parameter layout, constexprs, argument count and types) as on a GPU: CPU tests see the
+errors a GPU launch would raise.
 """
 
 from __future__ import annotations
