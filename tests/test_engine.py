@@ -48,6 +48,15 @@ def _queries(rows, seed=1):
     return ni.encode_e4m3(torch.randn(rows, H, 128, generator=gen))
 
 
+def _forward_poisoned(ix, cache, md, rows, extra, seed=1):
+    """``ix.forward`` of ``rows + extra`` random query rows into an output poisoned everywhere:
+    ``(q, out)`` (the step's rows are the first ``rows``; the rest must stay poisoned)."""
+    q = _queries(rows + extra, seed=seed)
+    out = torch.full((rows + extra, H, 16), POISON, dtype=torch.int32)
+    assert ix.forward(q, cache, md, out) is out
+    return q, out
+
+
 def _expected(q, cache, step, nd, qlen):
     """decode_indexer on the decode rows, prefill_indexer on the rest (public API)."""
     sl, bt, qsl = step.seq_lens, step.block_table, step.query_start_loc_cpu
@@ -183,9 +192,7 @@ def test_forward_equals_public_ops(cache, backend):
     md = ix.plan(step)
     assert len(md.prefill_chunks) == 2 and md.num_decode_rows == 2 * nd and not md.decode_only
     rows = sum(q_lens)
-    q = _queries(rows + 4)
-    out = torch.full((rows + 4, H, 16), POISON, dtype=torch.int32)
-    assert ix.forward(q, cache, md, out) is out
+    q, out = _forward_poisoned(ix, cache, md, rows, 4)
     assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
     assert bool((out[rows:] == POISON).all())
     # decode-only, 3 requests padded to 4 (zero-length, seq len 0, garbage block table row)
@@ -233,9 +240,7 @@ def test_triton_device_seq_lens_below_host_copies(cache):
     assert [(c.req_start, c.req_end) for c in md.prefill_chunks] == [(0, 1), (1, 3)]
     assert md.prefill_chunks[1].total_pages == 16  # sized by the host copies
     rows = sum(q_lens)
-    q = _queries(rows + 3, seed=22)
-    out = torch.full((rows + 3, H, 16), POISON, dtype=torch.int32)
-    ix.forward(q, cache, md, out)
+    q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=22)
     assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
     assert bool((out[rows:] == POISON).all())
 
@@ -251,9 +256,7 @@ def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
     md = ix.plan(step)
     step.seq_lens[nd:] = torch.tensor([2540, 2**31 - 1, 300 + 5 * 128], dtype=torch.int32)
     rows = sum(q_lens)
-    q = _queries(rows + 3, seed=24)
-    out = torch.full((rows + 3, H, 16), POISON, dtype=torch.int32)
-    ix.forward(q, cache, md, out)
+    q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=24)
     assert torch.equal(out[:rows], _expected(q, cache, want_step, nd, 2))
     assert bool((out[rows:] == POISON).all())
 
