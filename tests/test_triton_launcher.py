@@ -24,6 +24,7 @@ import triton.language as tl
 
 from triton import knobs
 
+from nvfp4_indexer.triton import launcher
 from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key, _launch_key, _params
 
 HAS_CUDA = torch.cuda.is_available()
@@ -169,8 +170,8 @@ def test_direct_path_on_a_stand_in_kernel(monkeypatch):
     and the constexprs in parameter order (defaults included); a launch the JIT skips (it
     returned no kernel) is not kept."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda device=None: SimpleNamespace(cuda_stream=77))
+    monkeypatch.setattr(launcher, "driver", SimpleNamespace(
+        active=SimpleNamespace(get_current_stream=lambda device: 77)))
     kern = _StandInCompiled()
     fn = _StandInJit(_tail_kernel, kern)
     launch = CachedLaunch(fn, A=2, num_warps=1)
@@ -182,9 +183,18 @@ def test_direct_path_on_a_stand_in_kernel(monkeypatch):
     assert len(fn.jit) == 1 and len(kern.runs) == 1
     (run,) = kern.runs
     assert run[:6] == (4, 2, 1, 77, "function", "packed")
+    assert run[6:9] == (None, None, None)  # no hook installed: no metadata, no hook call
+    assert run[9] is x and run[10:] == (9, 2, 5)
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:  # a profiler's hook: the JIT's metadata and the hook chains, as the JIT passes them
+        launch((4, 2), x, 9)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    run = kern.runs[-1]
     assert run[6] == ("meta", (4, 2), 77, (x, 9, 2, 5))
     assert run[7] is knobs.runtime.launch_enter_hook and run[8] is knobs.runtime.launch_exit_hook
-    assert run[9] is x and run[10:] == (9, 2, 5)
+    kern.runs.pop()
     launch((3,), x, 1)  # another specialization: the JIT again
     launch((3,), x[1:], 9)
     assert len(fn.jit) == 3 and len(launch.compiled) == 3 and len(kern.runs) == 1

@@ -25,9 +25,16 @@ import inspect
 
 import torch
 from triton import knobs
+from triton.runtime.driver import driver
 from triton.runtime.jit import KernelParam
 
 from .numerics import interpreting
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook (None, a plain callable, or Triton 3.6's ``HookChain``) would
+    call anything."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _arg_key(a):
@@ -124,9 +131,12 @@ class CachedLaunch:
             return
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = driver.active.get_current_stream(device)  # what the JIT reads
         full = args + self.tail
-        enter = knobs.runtime.launch_enter_hook
-        meta = None if enter is None else k.launch_metadata(grid, stream, *full)
-        k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, meta, enter,
-              knobs.runtime.launch_exit_hook, *full)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if _hooked(enter) or _hooked(leave):  # a profiler's hooks get what the JIT gives them
+            k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata,
+                  k.launch_metadata(grid, stream, *full), enter, leave, *full)
+        else:  # no hook to call: no launch metadata to build (host time)
+            k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, None, None, None,
+                  *full)
