@@ -69,7 +69,8 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
         rec["path"] = "nvfp4_indexer.triton.gather.gather_into"
         rec["tuning"] = {"dequant": tun.dequant, "tok_block": tun.tok_block,
                          "num_warps": tun.num_warps, "page_parts": tun.page_parts,
-                         "streaming": tun.streaming, "persistent": tun.persistent}
+                         "streaming": tun.streaming, "persistent": tun.persistent,
+                         "pages_per_program": tun.pages_per_program}
         if tun.persistent:
             rec["tuning"]["programs_per_sm"] = tun.programs_per_sm
         alt = GatherConfig(persistent=not tun.persistent)

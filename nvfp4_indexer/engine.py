@@ -521,23 +521,28 @@ class Indexer:
         ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view."""
         from .triton.dot_modes import resolve_dot
         from .triton.gather import _gather_kernel, resolve_tuning
-        from .triton.heuristics import TOKENS_ON_N_DOTS, num_sms
+        from .triton.heuristics import TOKENS_ON_N_DOTS, gather_pages_per_program, num_sms
         from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
         dev = self.device
         self._num_sms = num_sms(dev)
         self._dot = resolve_dot(None, dev)
         self._tokens_n = self._dot in TOKENS_ON_N_DOTS
         # the grid kernel's fields (the persistent kernel is not launched here)
-        portable, dequant, tok_block, warps, parts, streaming = resolve_tuning(dev)[:6]
-        base = dict(FROM_SEQ_LENS=False, PORTABLE=portable, TOK_BLOCK=tok_block,
-                    PAGE_PARTS=parts, STREAM=streaming, num_warps=warps)
-        # eager launches with little host work (triton.launcher; issue 14)
-        from .triton.launcher import CachedLaunch
-        self._gather = CachedLaunch(_gather_kernel, **base, DEQUANT=dequant)
+        tun = resolve_tuning(dev)
+        self._gather_ppp = gather_pages_per_program
+        base = dict(FROM_SEQ_LENS=False, PORTABLE=tun.portable, TOK_BLOCK=tun.tok_block,
+                    PAGE_PARTS=tun.page_parts, STREAM=tun.streaming, num_warps=tun.num_warps)
+        # eager launches with little host work (triton.launcher; issue 14), per PAGES;
         # "ptx" reads uint16 code pairs: a cache not 2-byte aligned takes the byte path
-        self._gather_bytes = CachedLaunch(_gather_kernel, **base, DEQUANT="triton")
-        self._gather_parts = parts
+        from .triton.launcher import CachedLaunch
+        self._gather = {p: CachedLaunch(_gather_kernel, **base, PAGES=p, DEQUANT=tun.dequant)
+                        for p in (1, 2)}
+        self._gather_bytes = {p: CachedLaunch(_gather_kernel, **base, PAGES=p,
+                                              DEQUANT="triton") for p in (1, 2)}
+        self._gather_tuning = tun
         self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
+        from .triton.config import PrefillConfig
+        self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
         self._ws8 = self.workspace.view(torch.uint8)
         self._cuda_guard = dev.type == "cuda"
         self._score_elems = self.score_buffer.numel()
@@ -933,7 +938,7 @@ class Indexer:
         caps = st.caps(n_pre)
         bt_stride, width = bt_all.stride()[0], bt_all.shape[1]
         ws8, qsl_d = self._ws8, st.qsl
-        gparts = self._gather_parts
+        gtun, gather_pages_per_program = self._gather_tuning, self._gather_ppp
         chunks = []
         for k, (a, b, nb, gathered, offs, _, _, _, tpl, bo) in enumerate(plans):
             n = b - a
@@ -946,8 +951,12 @@ class Indexer:
             total = offs[-1]
             max_gather = max(gathered)
             gather = []  # (grid, (block table, its row stride, pages, ws offsets))
+            gpages = 1
             if total:
-                x = max_gather * gparts
+                gpages = gtun.pages_per_program or gather_pages_per_program(
+                    n, max_gather, width, gtun.page_parts, gtun.num_warps, None,
+                    self._num_sms)
+                x = _cdiv(max_gather, gpages) * gtun.page_parts
                 gather.append(((x, min(n, _MAX_GRID_Y)), (bt, bt_stride, pages, ws_off)))
                 for r0 in range(_MAX_GRID_Y, n, _MAX_GRID_Y):  # CUDA's grid y limit
                     gather.append(((x, min(n, r0 + _MAX_GRID_Y) - r0),
@@ -955,7 +964,7 @@ class Indexer:
             static, score, merge, cand, win = tpl
             # the score kernel reads ws offsets at (request - a): blocks name step requests
             launch = static.copy()
-            launch.update(max_gather=max_gather, gather=gather, width=width,
+            launch.update(max_gather=max_gather, gather=gather, gather_pages=gpages, width=width,
                           score_grid=(nb, static["ns"]),
                           score_args=(ws8, ws_off, a, qsl_d, seq_lens, caps, blk, nb, cand,
                                       win),
@@ -985,7 +994,8 @@ class Indexer:
             sk, mk = self._kernels
             score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
                                  DOT=self._dot, WINDOW=L["win"], KEEP=keep,
-                                 TOKENS_N=self._tokens_n)
+                                 TOKENS_N=self._tokens_n, num_warps=self._score_warps,
+                                 num_stages=L["stages"])
             merge = None
             if ns > 1:
                 mrows, warps = L["merge_config"]
@@ -1176,11 +1186,12 @@ class Indexer:
         qs = q8.stride()
         cs = cache.stride(0)
         n_cache = cache.shape[0]
-        gather = self._gather if cache.data_ptr() % 2 == 0 else self._gather_bytes
+        gathers = self._gather if cache.data_ptr() % 2 == 0 else self._gather_bytes
         ws8 = self._ws8
         ws_pages = ws8.shape[0]
         for ch in md.prefill_chunks:
             L = ch.launch
+            gather = gathers[L["gather_pages"]]
             for grid, (bt, bts, pages, off) in L["gather"]:
                 gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
                        n_cache)

@@ -66,7 +66,7 @@ def dmerge(q, h, ns, keep):
 def pre(block_m, ns, window, keep):
     return (prefill._prefill_score_kernel, PREFILL_TYPES,
             dict(H=4, BLOCK_M=block_m, NUM_SPLITS=ns, DOT="fp16", WINDOW=window, KEEP=keep,
-                 TOKENS_N=True), dict(num_warps=4, num_stages=2))
+                 TOKENS_N=True), dict(num_warps=4, num_stages=3))
 
 
 SUBSET = [
@@ -76,7 +76,8 @@ SUBSET = [
      dict(H=4, BLOCK_M=64, PAGES=scores.PAGES_PER_PROGRAM, DOT="fp16"), dict(num_warps=4)),
     ("gather ptx", gather._gather_kernel, GATHER_TYPES,
      dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
-          PAGE_PARTS=heuristics.GATHER_PAGE_PARTS, STREAM=True), dict(num_warps=1)),
+          PAGE_PARTS=heuristics.GATHER_PAGE_PARTS, STREAM=True,
+          PAGES=heuristics.GATHER_PAGES_PER_PROGRAM), dict(num_warps=1)),
 ]
 REST = [
     ("decode score Q1 H1 unsplit", *dec(1, 1, 1, 1, 16)),

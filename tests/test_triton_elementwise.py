@@ -351,7 +351,10 @@ def test_gather_index_k_fp8_bit_exact():
 @pytest.mark.parametrize("from_seq_lens,tuning", [(True, {}),
                                                   (False, dict(tok_block=64, num_warps=2)),
                                                   (True, dict(page_parts=4)),
-                                                  (False, dict(page_parts=8, tok_block=128))])
+                                                  (False, dict(page_parts=8, tok_block=128)),
+                                                  (True, dict(pages_per_program=1)),
+                                                  (False, dict(pages_per_program=2,
+                                                               page_parts=2, tok_block=32))])
 def test_gather_into_offsets_and_untouched_pages(from_seq_lens, tuning):
     cache, block_table, seq_lens = _gather_case(_gen(10))
     rws, roffsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
@@ -366,6 +369,49 @@ def test_gather_into_offsets_and_untouched_pages(from_seq_lens, tuning):
     assert bool((ws[:2] == POISON).all()) and bool((ws[2 + total:] == POISON).all())
 
 
+def test_gather_pages_per_program_rule():
+    """The default PAGES: 2 exactly when one page per program takes more than one and at
+    most two waves of resident programs (32 one-warp programs per SM, fewer for wider ones),
+    counting the pages the grid covers (min(max_pages, width))."""
+    f = K["gather"].hz.gather_pages_per_program
+    sms = 132
+    wave = 32 * sms  # 4224 one-warp programs
+    assert f(1, wave // 8, 1024, 8, 1, None, sms) == 1  # exactly one wave
+    assert f(1, wave // 8 + 1, 1024, 8, 1, None, sms) == 2
+    assert f(4, wave // 16, 1024, 8, 1, None, sms) == 2  # exactly two waves
+    assert f(4, wave // 16 + 1, 1024, 8, 1, None, sms) == 1
+    assert f(1, 10 ** 6, 600, 8, 1, None, sms) == 2  # the width bounds the grid: 1.14 waves
+    assert f(1, 600, 600, 8, 4, None, sms) == 1  # 4-warp programs: 16 per SM, 2.27 waves
+    assert f(1, 600, 600, 8, 2, None, sms) == 2  # 2-warp programs: still 32 per SM
+
+
+@pytest.mark.parametrize("pages_per_program", [1, 2])
+@pytest.mark.parametrize("layout", [[0, 0, 5, -1, 2, 9], [0, 0, 0, 2, 1, 0]])
+def test_gather_into_pages_at_the_workspace_edges(pages_per_program, layout):
+    """Each page is kept or skipped on its own (SPEC 7): with 2 pages per program, a page
+    whose workspace slot lies outside ``[0, P)`` is skipped while its program's other page is
+    written (request 3 at slot -1: its page 0 skipped, page 1 written; or at slot 2: page 0
+    written, page 1 past the end), odd page counts leave the second page of a program
+    alone, and nothing else is touched."""
+    cache, block_table, seq_lens = _gather_case(_gen(11))
+    rws, roffsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
+    counts = P.history_pages(seq_lens.cpu()).tolist()  # [0, 0, 1, 3, 1, 0]
+    offsets = torch.tensor(layout, dtype=torch.int32)
+    ws_pages = 3
+    ws = torch.full((ws_pages, 128, 128), POISON, dtype=torch.uint8, device=DEV)
+    K["gather"].gather_into(cache, block_table, seq_lens, offsets.to(DEV),
+                            ws.view(torch.float8_e4m3fn), max_pages=6,
+                            config=K["gather"].GatherConfig(pages_per_program=pages_per_program))
+    want = torch.full_like(ws, POISON)
+    for r, n in enumerate(counts):
+        for j in range(n):
+            dst = int(offsets[r]) + j
+            if 0 <= dst < ws_pages:
+                want[dst] = rws[int(roffsets[r]) + j].view(torch.uint8)
+    assert counts == [0, 0, 1, 3, 1, 0]
+    _assert_bytes_equal(ws, want)
+
+
 def test_gather_into_rejects_bad_tuning():
     """The tuning overrides are validated before any launch (even for an empty batch), and
     dequant "ptx" is refused where it cannot run (interpreter / CPU / portable)."""
@@ -378,7 +424,8 @@ def test_gather_into_rejects_bad_tuning():
            dict(page_parts=3), dict(page_parts=16), dict(page_parts=0),
            dict(dequant="ptx", portable=True), dict(streaming=1), dict(streaming="yes"),
            dict(persistent=1), dict(persistent="no"), dict(programs_per_sm=0),
-           dict(programs_per_sm=257), dict(programs_per_sm=True)]
+           dict(programs_per_sm=257), dict(programs_per_sm=True), dict(pages_per_program=0),
+           dict(pages_per_program=3), dict(pages_per_program=2.0)]
     if not HAS_CUDA:
         bad.append(dict(dequant="ptx"))
     for kw in bad:
@@ -828,7 +875,7 @@ PERSISTENT_TYPES = dict(GATHER_TYPES, num_reqs="i32")
 # the gather's inline-PTX dequantization (GPU default): needs PORTABLE=False
 cases = [(gather._gather_kernel, GATHER_TYPES,
           dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
-               PAGE_PARTS=2, STREAM=True)),
+               PAGE_PARTS=2, STREAM=True, PAGES=2)),
          (gather._gather_persistent_kernel, PERSISTENT_TYPES,
           dict(FROM_SEQ_LENS=False, PORTABLE=False, DEQUANT="ptx", PAGE_PARTS=8, STREAM=True))]
 for P in (True, False):

@@ -769,3 +769,18 @@ def test_gpu_page_scores_realistic():
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
                                  with_magnitude=True)
     check_scores(got, exact, mag, BITS)
+
+
+def test_prefill_stages_rule():
+    """The prefill score kernel's default pipeline depth (``prefill_launch``'s ``stages``):
+    3 stages from ``PREFILL_DEEP_PIPELINE_PAGES`` pages per split (the longest split), 2
+    below and for chunks whose rows are all short; an explicit ``num_splits`` moves it."""
+    deep = HZ.PREFILL_DEEP_PIPELINE_PAGES
+    assert HZ.prefill_launch(4, 0, 128, 132)["stages"] == 2  # every row short: no pages
+    assert HZ.prefill_launch(4, deep, 128, 132, num_splits=1)["stages"] == 3
+    assert HZ.prefill_launch(4, deep - 1, 128, 132, num_splits=1)["stages"] == 2
+    assert HZ.prefill_launch(4, 2 * deep, 128, 132, num_splits=2)["stages"] == 3
+    assert HZ.prefill_launch(4, 2 * deep, 128, 132, num_splits=3)["stages"] == 2
+    # the benchmark's shapes: 16K x 128K (512 blocks) deep, 1K x 128K (32 blocks) shallow
+    assert HZ.prefill_launch(512, 1151, 128, 132)["stages"] == 3
+    assert HZ.prefill_launch(32, 1031, 128, 132)["stages"] == 2

@@ -55,6 +55,7 @@ PREFILL_CASES = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1),
 
 GATHER_VARIANTS = {
     "base": {},
+    "pages1": {"pages_per_program": 1},
     "parts2": {"page_parts": 2},
     "parts4": {"page_parts": 4},
     "parts8": {"page_parts": 8},
@@ -306,7 +307,7 @@ def main(argv=None) -> int:
             variants = {k: variants[k] for k in args.variants.split(",")}
         variants = {**variants, **dict(args.variant)}
         if part == "prefill":
-            from .workloads import prefill_cases
+            from ..workloads import prefill_cases
             cases = ([(c.new_tokens, c.context, c.num_reqs) for c in prefill_cases()]
                      if args.all_cases else None)
             prefill_part(ctx, variants, cases)

@@ -136,6 +136,10 @@ class GatherConfig(_Config):
             not apply).
         programs_per_sm: the persistent grid's programs per SM, an int in 1..256 (default
             ``GATHER_PROGRAMS_PER_SM``; unused unless persistent).
+        pages_per_program: pages each program of the grid kernel moves (its part of each),
+            1 or 2, every page's loads issued before any store (default
+            ``heuristics.gather_pages_per_program`` per launch; unused by the persistent
+            kernel).
     Raises:
         ValueError: a field outside its set.
     """
@@ -147,17 +151,20 @@ class GatherConfig(_Config):
     streaming: bool | None = None
     persistent: bool | None = None
     programs_per_sm: int | None = None
+    pages_per_program: int | None = None
 
     TOK_BLOCKS = (8, 16, 32, 64, 128)
     NUM_WARPS = (1, 2, 4, 8, 16)
     PAGE_PARTS = (1, 2, 4, 8)
+    PAGES_PER_PROGRAM = (1, 2)
 
     def __post_init__(self):
         _choice("dequant", self.dequant, GATHER_DEQUANT_MODES)
         _ints(self, tok_block=dict(choices=self.TOK_BLOCKS, optional=True),
               num_warps=dict(choices=self.NUM_WARPS, optional=True),
               page_parts=dict(choices=self.PAGE_PARTS, optional=True),
-              programs_per_sm=dict(lo=1, hi=256, optional=True))
+              programs_per_sm=dict(lo=1, hi=256, optional=True),
+              pages_per_program=dict(choices=self.PAGES_PER_PROGRAM, optional=True))
         _opt_bool("streaming", self.streaming)
         _opt_bool("persistent", self.persistent)
 
@@ -175,7 +182,8 @@ class PrefillConfig(_Config):
             launch; default ``heuristics.choose_window``: 1 below 32 pages per split).
         block_m: (token, head) rows per score program, one of 16..256 (powers of two;
             default ``heuristics.prefill_block_m``).
-        num_warps: score-kernel warps, one of 1, 2, 4, 8. num_stages: 1..4.
+        num_warps: score-kernel warps, one of 1, 2, 4, 8. num_stages: 1..4 (default: per
+            chunk, ``heuristics.prefill_launch``'s ``stages``, as the Indexer's).
         tokens_on_n: page tokens on the MMA's N axis (the max over tokens stays in
             registers) rather than M (default: True for the 16-bit GPU dot modes,
             ``TOKENS_ON_N_DOTS``).
@@ -189,7 +197,7 @@ class PrefillConfig(_Config):
     window: int | None = None
     block_m: int | None = None
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int | None = None
     tokens_on_n: bool | None = None
     gather: GatherConfig = field(default_factory=GatherConfig)
 
@@ -198,7 +206,7 @@ class PrefillConfig(_Config):
         _ints(self, num_splits=dict(lo=1, hi=hz.MAX_SPLITS, optional=True),
               window=dict(choices=POW2_WINDOWS, optional=True),
               block_m=dict(choices=(16, 32, 64, 128, 256), optional=True),
-              num_warps=dict(choices=(1, 2, 4, 8)), num_stages=dict(lo=1, hi=4))
+              num_warps=dict(choices=(1, 2, 4, 8)), num_stages=dict(lo=1, hi=4, optional=True))
         _opt_bool("tokens_on_n", self.tokens_on_n)
         if not isinstance(self.gather, GatherConfig):
             fail("gather", "a GatherConfig", repr(self.gather))

@@ -13,8 +13,9 @@ Dequantization modes (the ``DEQUANT`` constexpr, ``GatherConfig(dequant=...)``):
 
 Kernels (``GatherConfig(persistent=...)``), the same bytes either way:
 
-- ``_gather_kernel`` (default): one program per (page part, request); each walks the dependent
-  chain lengths / offsets -> block table -> page -> store once.
+- ``_gather_kernel`` (default): one program per (page part, request, PAGES pages); each walks
+  the dependent chain lengths / offsets -> block table -> page -> store once, with the loads
+  of its PAGES (1 or 2: ``heuristics.gather_pages_per_program``) pages in flight together.
 - ``_gather_persistent_kernel``: about ``programs_per_sm`` programs per SM, each looping over
   (page, part) work items with a grid stride, the next item's page bytes and the one after's
   block id in flight while an item is stored (the chain overlaps the stores); the number of
@@ -43,10 +44,12 @@ MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
 
 
 @triton.jit
-def _load_tile(page, tok0, TILE: tl.constexpr, DEQUANT: tl.constexpr, STREAM: tl.constexpr):
-    """Codes and scale bytes of tokens ``[tok0, tok0 + TILE)`` of ``page`` (a uint8 pointer):
-    "ptx": uint16 code pairs ``[TILE, 8 groups, 4 pairs]`` and scale bytes ``[TILE, 8, 1]``;
-    "triton": code bytes ``[TILE, 64]`` and each code byte's scale byte ``[TILE, 64]``."""
+def _load_tile(page, tok0, live, TILE: tl.constexpr, DEQUANT: tl.constexpr,
+               STREAM: tl.constexpr):
+    """Codes and scale bytes of tokens ``[tok0, tok0 + TILE)`` of ``page`` (a uint8 pointer),
+    read only when ``live`` (a scalar; zeros otherwise): "ptx": uint16 code pairs
+    ``[TILE, 8 groups, 4 pairs]`` and scale bytes ``[TILE, 8, 1]``; "triton": code bytes
+    ``[TILE, 64]`` and each code byte's scale byte ``[TILE, 64]``."""
     if DEQUANT == "ptx":
         # [tokens, group g, pair k]: uint16 code pair 4g + k = dims 16g + 4k .. + 3. The
         # group axis lets the [TILE, 8, 1] scales broadcast in registers; their load
@@ -59,16 +62,16 @@ def _load_tile(page, tok0, TILE: tl.constexpr, DEQUANT: tl.constexpr, STREAM: tl
             + g * 4 + k
         sptr = page + SCALES_OFFSET + tok * GROUPS + tl.max_contiguous(g, [1, 1, 1])
         if STREAM:
-            codes = tl.load(cptr, eviction_policy="evict_first")
-            scales = tl.load(sptr, eviction_policy="evict_first")
+            codes = tl.load(cptr, mask=live, other=0, eviction_policy="evict_first")
+            scales = tl.load(sptr, mask=live, other=0, eviction_policy="evict_first")
         else:
-            codes = tl.load(cptr)
-            scales = tl.load(sptr)
+            codes = tl.load(cptr, mask=live, other=0)
+            scales = tl.load(sptr, mask=live, other=0)
     else:
         i = tl.arange(0, CODE_BYTES)[None, :]
         tok = (tok0 + tl.arange(0, TILE))[:, None]
-        codes = tl.load(page + tok * CODE_BYTES + i)
-        scales = tl.load(page + SCALES_OFFSET + tok * GROUPS + i // 8)
+        codes = tl.load(page + tok * CODE_BYTES + i, mask=live, other=0)
+        scales = tl.load(page + SCALES_OFFSET + tok * GROUPS + i // 8, mask=live, other=0)
     return codes, scales
 
 
@@ -100,15 +103,17 @@ def _store_tile(out_page, tok0, codes, scales, TILE: tl.constexpr, DEQUANT: tl.c
 def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
                    ws_pages, width, num_blocks, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
                    TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton",
-                   PAGE_PARTS: tl.constexpr = 1, STREAM: tl.constexpr = False):
-    """Program (j * PAGE_PARTS + part, r): part ``part`` (128 / PAGE_PARTS tokens) of request
-    r's logical page j, if j < its page count, into workspace page ``off_ptr[r] + j``
-    (skipped when that lies outside ``[0, ws_pages)``), ``TOK_BLOCK`` tokens per step,
-    dequantized per ``DEQUANT`` (module docstring). ``STREAM``: evict-first page loads and
-    streaming (``.cs``) workspace stores (ptx mode)."""
+                   PAGE_PARTS: tl.constexpr = 1, STREAM: tl.constexpr = False,
+                   PAGES: tl.constexpr = 1):
+    """Program (i * PAGE_PARTS + part, r): part ``part`` (128 / PAGE_PARTS tokens) of request
+    r's logical pages j = PAGES * i + p (p < PAGES, PAGES 1 or 2), each if j < its page count,
+    into workspace page ``off_ptr[r] + j`` (skipped when that lies outside ``[0, ws_pages)``),
+    ``TOK_BLOCK`` tokens per step, every page's loads of a step before its stores (more bytes
+    in flight per program), dequantized per ``DEQUANT`` (module docstring). ``STREAM``:
+    evict-first page loads and streaming (``.cs``) workspace stores (ptx mode)."""
     PART: tl.constexpr = PAGE // PAGE_PARTS
     r = tl.program_id(1)
-    j = tl.program_id(0) // PAGE_PARTS
+    j = (tl.program_id(0) // PAGE_PARTS) * PAGES
     tok0 = (tl.program_id(0) % PAGE_PARTS) * PART
     length = tl.load(len_ptr + r).to(tl.int64)
     if FROM_SEQ_LENS:
@@ -117,14 +122,34 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
         num_pages = length
     num_pages = tl.minimum(num_pages, width)  # SPEC 10: never past the block-table row
     dst = tl.load(off_ptr + r).to(tl.int64) + j
-    if (j < num_pages) & (dst >= 0) & (dst < ws_pages):
-        block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j)
+    ok0 = (j < num_pages) & (dst >= 0) & (dst < ws_pages)
+    if PAGES == 2:
+        ok1 = (j + 1 < num_pages) & (dst + 1 >= 0) & (dst + 1 < ws_pages)
+        any_ok = ok0 | ok1
+    else:
+        any_ok = ok0
+    if any_ok:
+        row = bt_ptr + r.to(tl.int64) * bt_row_stride
+        # block-table entries of pages past the count are not read (SPEC 2)
+        block = tl.load(row + j, mask=ok0, other=0)
         block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)  # inside the cache
         page = cache_ptr + block * page_stride
         out_page = ws_ptr + dst * WS_PAGE
+        if PAGES == 2:
+            block1 = tl.load(row + j + 1, mask=ok1, other=0)
+            block1 = tl.minimum(tl.maximum(block1, 0), num_blocks - 1).to(tl.int64)
+            page1 = cache_ptr + block1 * page_stride
         for t0 in tl.static_range(0, PART, TOK_BLOCK):
-            codes, scales = _load_tile(page, tok0 + t0, TOK_BLOCK, DEQUANT, STREAM)
-            _store_tile(out_page, tok0 + t0, codes, scales, TOK_BLOCK, DEQUANT, PORTABLE, STREAM)
+            codes, scales = _load_tile(page, tok0 + t0, ok0, TOK_BLOCK, DEQUANT, STREAM)
+            if PAGES == 2:
+                codes1, scales1 = _load_tile(page1, tok0 + t0, ok1, TOK_BLOCK, DEQUANT, STREAM)
+            if ok0:
+                _store_tile(out_page, tok0 + t0, codes, scales, TOK_BLOCK, DEQUANT, PORTABLE,
+                            STREAM)
+            if PAGES == 2:
+                if ok1:
+                    _store_tile(out_page + WS_PAGE, tok0 + t0, codes1, scales1, TOK_BLOCK,
+                                DEQUANT, PORTABLE, STREAM)
 
 
 @triton.jit
@@ -199,7 +224,8 @@ def _gather_persistent_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len
     live = r < num_reqs
     ok, dst, tok0, block = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs, ws_pages,
                                  num_blocks, PAGE_PARTS)
-    codes, scales = _load_tile(cache_ptr + block * page_stride, tok0, PART, DEQUANT, STREAM)
+    codes, scales = _load_tile(cache_ptr + block * page_stride, tok0, ok, PART, DEQUANT,
+                               STREAM)
     t += step
     r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
                               FROM_SEQ_LENS, PAGE_PARTS)
@@ -208,8 +234,8 @@ def _gather_persistent_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len
                                     ws_pages, num_blocks, PAGE_PARTS)
     while live:
         # issue item k + 1's page loads and item k + 2's block-table load, then store item k
-        codes1, scales1 = _load_tile(cache_ptr + block1 * page_stride, tok1, PART, DEQUANT,
-                                     STREAM)
+        codes1, scales1 = _load_tile(cache_ptr + block1 * page_stride, tok1, ok1, PART,
+                                     DEQUANT, STREAM)
         t += step
         r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
                                   FROM_SEQ_LENS, PAGE_PARTS)
@@ -225,9 +251,10 @@ def _gather_persistent_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len
 
 class GatherTuning(NamedTuple):
     """A gather launch's resolved tuning (``resolve_tuning``): the kernels' constexprs
-    PORTABLE, DEQUANT, TOK_BLOCK, PAGE_PARTS, STREAM, the launch's ``num_warps``, and the
+    PORTABLE, DEQUANT, TOK_BLOCK, PAGE_PARTS, STREAM, the launch's ``num_warps``, the
     kernel choice: ``persistent`` (``_gather_persistent_kernel``, about ``programs_per_sm``
-    programs per SM) or not (``_gather_kernel``, one program per page part)."""
+    programs per SM) or not (``_gather_kernel``, one program per page part of
+    ``pages_per_program`` pages: its PAGES)."""
 
     portable: bool
     dequant: str
@@ -237,12 +264,13 @@ class GatherTuning(NamedTuple):
     streaming: bool
     persistent: bool
     programs_per_sm: int
+    pages_per_program: int | None  # None: heuristics.gather_pages_per_program per launch
 
 
 def resolve_tuning(device, portable: bool | None = None,
                    config: GatherConfig | None = None) -> GatherTuning:
     """The ``GatherTuning`` of a gather launch on ``device``: ``(portable, dequant, tok_block,
-    num_warps, page_parts, streaming, persistent, programs_per_sm)``
+    num_warps, page_parts, streaming, persistent, programs_per_sm, pages_per_program)``
     (``heuristics.gather_defaults`` for the fields ``config`` leaves None).
 
     Raises:
@@ -257,7 +285,7 @@ def resolve_tuning(device, portable: bool | None = None,
                          "the interpreter / CPU / portable mode")
     return GatherTuning(portable, *hz.gather_defaults(
         device, portable, cfg.dequant, cfg.tok_block, cfg.num_warps, cfg.page_parts,
-        cfg.streaming, cfg.persistent, cfg.programs_per_sm))
+        cfg.streaming, cfg.persistent, cfg.programs_per_sm, cfg.pages_per_program))
 
 
 def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
@@ -278,13 +306,13 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
         workspace: ``float8_e4m3fn`` (or uint8) ``[P, 128, 128]``, contiguous; pages outside
             ``[0, P)`` are skipped, pages not gathered are left untouched.
         max_pages: host int >= every n_r. The default kernel's grid is
-            ``(min(max_pages, W) * page_parts, R)``, R split over launches of at most
+            ``(ceil(min(max_pages, W) / pages_per_program) * page_parts, R)``, R split over launches of at most
             ``MAX_GRID_Y`` requests, pages past n_r exit; the persistent kernel's is
             ``heuristics.gather_grid`` (one launch; it reads the n_r on the device).
         portable: force the PORTABLE constexpr (tests); default True under the interpreter /
             off CUDA.
         config: tuning (``config.GatherConfig``: dequant, tok_block, num_warps, page_parts,
-            streaming, persistent, programs_per_sm); None = defaults
+            streaming, persistent, programs_per_sm, pages_per_program); None = defaults
             (``heuristics.gather_defaults``). Every setting writes the same bytes.
     Raises:
         ValueError: a bad ``config``, or dequant "ptx" under the interpreter / off CUDA / with
@@ -312,8 +340,10 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
     consts = dict(FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=tuning.portable,
                   DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=tuning.streaming,
                   num_warps=tuning.num_warps)
+    pages = tuning.pages_per_program or hz.gather_pages_per_program(
+        r, max_pages, width, page_parts, tuning.num_warps, cache.device)
     grid = hz.gather_grid(r, max_pages, width, page_parts, tuning.persistent,
-                          tuning.programs_per_sm, cache.device)
+                          tuning.programs_per_sm, cache.device, pages)
     with device_guard(cache.device):
         if tuning.persistent:  # every request in one launch: grid-stride over work items
             # page counts clamped to min(max_pages, W): the default grid's pages (same bytes
@@ -330,7 +360,7 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             _gather_kernel[(grid, r1 - r0)](
                 cache, cache.stride(0), block_table[r0:r1], block_table.stride(0),
                 lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], width,
-                cache.shape[0], TOK_BLOCK=tuning.tok_block, **consts)
+                cache.shape[0], TOK_BLOCK=tuning.tok_block, PAGES=pages, **consts)
 
 
 def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,

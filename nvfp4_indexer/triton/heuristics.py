@@ -39,6 +39,7 @@ SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 PREFILL_MAX_BLOCK_M = 128  # (token, head) rows per prefill score program
 SCORES_MAX_BLOCK_M = 64  # (token, head) rows per page_scores program
 PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
+PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel takes 3 stages
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
 
 # -- gather ----------------------------------------------------------------------------------
@@ -48,6 +49,8 @@ GATHER_PAGE_PARTS = 8  # programs per page (1 under the interpreter)
 GATHER_STREAMING = True  # evict-first page loads, streaming (.cs) workspace stores
 GATHER_PERSISTENT = False  # grid-stride persistent kernel (one program per page part if False)
 GATHER_PROGRAMS_PER_SM = 16  # persistent grid: about this many programs per SM
+GATHER_PAGES_PER_PROGRAM = None  # grid kernel: pages per program (None: gather_pages_per_program)
+GATHER_RESIDENT_WARPS = 64  # warps an SM holds (SM80+); at most 32 programs
 
 # -- insert ----------------------------------------------------------------------------------
 INSERT_BLOCK_T = 4  # tokens per program on a GPU
@@ -199,7 +202,9 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
     Returns:
         dict ``ns, keep, win, block_m, cand`` (int64 candidate elements, 0 unsplit),
         ``win_elems`` (fp32 window elements, 0 for window 1), ``scratch`` (float32 elements:
-        ``2 * cand + win_elems``).
+        ``2 * cand + win_elems``), ``stages`` (the score kernel's default ``num_stages``: 3
+        from ``PREFILL_DEEP_PIPELINE_PAGES`` pages per split, else 2; H200: 2-7 % faster on
+        long splits, up to 10 % slower on short ones, docs/benchmarks.md).
     """
     if score_pages == 0:
         ns = 1
@@ -220,7 +225,8 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         else:
             force_win1 = True
     return {"ns": ns, "keep": keep, "win": win, "block_m": block_m, "cand": cand,
-            "win_elems": win_elems, "scratch": need}
+            "win_elems": win_elems, "scratch": need,
+            "stages": 3 if per >= PREFILL_DEEP_PIPELINE_PAGES else 2}
 
 
 def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: int,
@@ -285,12 +291,14 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
 
 
 def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_parts,
-                    streaming, persistent=None, programs_per_sm=None):
+                    streaming, persistent=None, programs_per_sm=None, pages_per_program=None):
     """The gather launch's ``(DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM, PERSISTENT,
-    programs_per_sm)`` on ``device`` from a ``GatherConfig``'s fields (None = default). The
+    programs_per_sm, PAGES)`` on ``device`` from a ``GatherConfig``'s fields (None = default;
+    PAGES stays None by default: ``gather_pages_per_program`` picks it per launch). The
     interpreter runs whole pages in one 128-token step (fewer, vectorized programs); "ptx"
     needs CUDA SM89+ (the asm's f16x2 <-> e4m3x2 conversions). The persistent kernel moves a
-    page part in one step: its TOK_BLOCK is 128 / PAGE_PARTS (``tok_block`` does not apply)."""
+    page part in one step: its TOK_BLOCK is 128 / PAGE_PARTS (``tok_block`` does not apply),
+    and one item at a time (PAGES applies to the grid kernel only)."""
     from .numerics import interpreting
     if dequant is None:
         dev = torch.device(device)
@@ -308,20 +316,37 @@ def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_
         persistent = GATHER_PERSISTENT
     if programs_per_sm is None:
         programs_per_sm = GATHER_PROGRAMS_PER_SM
+    if pages_per_program is None:
+        pages_per_program = GATHER_PAGES_PER_PROGRAM  # None: chosen per launch
     part = PAGE_SIZE // page_parts
     tok_block = part if persistent else min(tok_block, part)
-    return dequant, tok_block, num_warps, page_parts, streaming, persistent, programs_per_sm
+    return (dequant, tok_block, num_warps, page_parts, streaming, persistent, programs_per_sm,
+            pages_per_program)
+
+
+def gather_pages_per_program(num_reqs: int, max_pages: int, width: int, page_parts: int,
+                             num_warps: int, device, sms: int | None = None) -> int:
+    """The grid kernel's default PAGES (host shapes only): 2 when one page per program
+    would take more than one and at most two waves of resident programs (a second, partial
+    wave; two pages per program fit it in one: +5 % at 26 MB on the H200), else 1 (measured
+    -1 % at 8 waves, and fewer programs than one wave needs parallelism). ``sms``: the
+    device's SM count when the caller has it (host time)."""
+    per_sm = min(32, GATHER_RESIDENT_WARPS // num_warps)
+    programs = num_reqs * min(max_pages, width) * page_parts
+    waves = programs / (per_sm * (sms or num_sms(device)))
+    return 2 if 1 < waves <= 2 else 1
 
 
 def gather_grid(num_reqs: int, max_pages: int, width: int, page_parts: int, persistent: bool,
-                programs_per_sm: int, device) -> int:
+                programs_per_sm: int, device, pages_per_program: int = 1) -> int:
     """Programs on the x axis of a gather launch (host shapes only, CUDA-graph safe): one
-    per page part of the widest request (``min(max_pages, width) * page_parts``), or for the
+    per page part of each ``pages_per_program`` pages of the widest request
+    (``ceil(min(max_pages, width) / pages_per_program) * page_parts``), or for the
     persistent kernel ``programs_per_sm`` per SM, at most one per possible work item
     (``num_reqs * min(max_pages, width) * page_parts``), at least 1."""
     pages = min(max_pages, width)
     if not persistent:
-        return pages * page_parts
+        return cdiv(pages, pages_per_program) * page_parts
     return max(1, min(num_reqs * pages * page_parts, programs_per_sm * num_sms(device)))
 
 

@@ -183,7 +183,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                 q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
                 seq_lens, blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
                 DOT=dot, WINDOW=win, KEEP=keep, TOKENS_N=tokens_on_n,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages or launch["stages"])
             if ns > 1:
                 rows, warps = hz.merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
