@@ -1,0 +1,145 @@
+"""GPU lab (issue 15): the prefill score kernel alone, graph-replayed, against variants.
+
+    python -m benchmarks.labs.prefill_score_lab     # four cases with context, a few minutes
+
+A case's chunk is planned and gathered by ``triton.prefill.prefill_indexer`` (its score launch
+is recorded, cases of one chunk only); then that launch is timed alone in CUDA-graph replays
+(the workspace stays as gathered, so it is L2-warm as inside a call) with 2 / 3 pipeline
+stages, and against the same kernel reading an **fp16 copy of the workspace** (no E4M3 -> fp16
+conversion in the page loop: Triton then pipelines each page straight into shared memory as
+the MMA's operand) at 2 / 3 / 4 stages and 8 warps. Every variant's candidate scratch is
+compared with the default launch's, bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
+rate measured in the same run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+import nvfp4_indexer as ni
+from nvfp4_indexer.constants import TOPK
+from nvfp4_indexer.triton import prefill as tp
+from nvfp4_indexer.triton.layout import HEAD, PAGE, scored_pages, split_range
+from nvfp4_indexer.triton.operands import load_q_rows
+from nvfp4_indexer.triton.scan import block_rows_info, finish_split, out_offsets, scan_pages
+
+from . import knob_lab as kl
+
+log = kl.log
+
+
+@triton.jit
+def _ws16_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
+    ws_page0, = page_src
+    q_op, = q_ops
+    t = tl.arange(0, PAGE)[:, None]
+    k = tl.load(ws_page0 + j * (PAGE * HEAD) + t * HEAD + tl.arange(0, HEAD)[None, :])
+    acc = tl.dot(q_op, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
+    return tl.max(acc, 1)
+
+
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"])
+def _score16_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
+                    qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
+                    win_ptr, out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                    NUM_SPLITS: tl.constexpr, DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
+                    KEEP: tl.constexpr = 16, TOKENS_N: tl.constexpr = False):
+    blk = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+                                              num_blocks, blk, rows, H)
+    n = scored_pages(tl.max(tl.where(row_ok, local, 0), 0))
+    start, end = split_range(n, split, NUM_SPLITS)
+    q_off = token * q_tok_stride + h * q_head_stride
+    q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)
+    r = tl.load(blk_ptr + blk)
+    ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * (PAGE * HEAD)
+    top = scan_pages(start, end, local, (ws_page0,), (q_op,), win_ptr,
+                     blk * NUM_SPLITS + split, 0, 1, _ws16_page_scores, DOT, TOKENS_N, BLOCK_M,
+                     KEEP, WINDOW)
+    finish_split(top, local, out_ptr + out_offsets(token, h, H), row_ok, cand_ptr,
+                 (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
+
+
+def main() -> int:
+    from .. import workloads as wl
+    from ..pool import random_index_q
+    from ..prefill_suite import _prefill_inputs
+    from ..timing import mm16_matmul_ceiling
+    ctx = kl.make_context(600)
+    mm16 = mm16_matmul_ceiling(ctx.device)["tflops"]
+    log(f"16-bit mm {mm16:.0f} TFLOP/s")
+    kl.ensure_pool(ctx, 40_000)
+    cases = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1), (4_096, 32_768, 1)]
+    for n, c, r in cases:
+        case = wl.PrefillCase(n, c, r)
+        tr = wl.prefill_traffic(case)
+        _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 1)
+        q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
+        mgp = max(ni.max_gather_pages(width * 128, case.new_tokens), r * width)
+        out = torch.full((n, case.num_heads, TOPK), -7, dtype=torch.int32, device=ctx.device)
+        orig = tp._prefill_score_kernel
+        seen = []
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*a, **kw):
+                    seen.append((grid, a, kw))
+                    return orig[grid](*a, **kw)
+                return launch
+        tp._prefill_score_kernel = Spy()
+        try:
+            tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out)
+        finally:
+            tp._prefill_score_kernel = orig
+        torch.cuda.synchronize()
+        if len(seen) != 1:
+            log(f"{case.name}: {len(seen)} chunks, skipped")
+            continue
+        grid, a, kw = seen[0]
+        a = list(a)
+        ws8, cand = a[3], a[11]
+        ws16 = ws8.view(torch.float8_e4m3fn).to(torch.float16)
+        cand0 = cand.clone()
+        flops = tr.flops
+        log(f"{case.name}: grid {grid}, consts { {k: v for k, v in kw.items()} }, "
+            f"ws {tuple(ws8.shape)}")
+
+        def base(stages=2, warps=kw.get("num_warps", 4)):
+            orig[grid](*a, **{**kw, "num_stages": stages, "num_warps": warps})
+
+        def f16(stages=2, warps=4):
+            b = list(a)
+            b[3] = ws16
+            _score16_kernel[grid](*b, **{**kw, "num_stages": stages, "num_warps": warps})
+
+        for name, fn in [("st2", base), ("st3", functools.partial(base, 3)),
+                         ("fp16 ws", f16), ("fp16 ws st3", functools.partial(f16, 3)),
+                         ("fp16 ws st4", functools.partial(f16, 4)),
+                         ("fp16 ws w8", functools.partial(f16, 2, 8))]:
+            def run(name=name, fn=fn):
+                cand.fill_(-1)
+                fn()
+                torch.cuda.synchronize()
+                same = bool(torch.equal(cand, cand0))
+                t = ctx.time_capturable([fn])
+                tf = flops / (t.us * 1e-6) / 1e12
+                kl._record("score", case.name, name, t.us, tf, "TFLOP/s", same,
+                           f"{tf / mm16:.1%} of 16-bit mm, {t.method}")
+            kl._attempt(ctx, f"{case.name} {name}", run)
+        ws16 = None  # noqa: F841 (frees the copy)
+        torch.cuda.empty_cache()
+    print("| part | case | variant | us | rate | same | note |")
+    print("|---|---|---|---|---|---|---|")
+    for p, c, v, us, val, unit, same, note in kl.ROWS:
+        print(f"| {p} | {c} | {v} | {us:.1f} | {val:.1f} {unit} | {same} | {note} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,221 @@
+"""GPU lab (issue 15): speed-of-light variants of the gather and the insert at the suites' sizes.
+
+Run (one H200, about a minute)::
+
+    python -m benchmarks.labs.sol_lab               # both parts
+    python -m benchmarks.labs.sol_lab --part gather # or insert
+
+Every variant is timed as the suites time the real kernels (``benchmarks.timing``: CUDA-graph
+replays over rotated slots, cold pages from one pool far larger than L2) and rated against the
+2 GiB copy ceiling measured at the start, so the rows locate the bound at each size:
+
+- gather (WORKLOADS.md prefill cases): the library's gather (default, and one page per
+  program); "chain copy": the gather's grid and dependent chain (lengths / offsets -> block
+  table -> page) with the page bytes stored widened but not dequantized; "flat copy xN": the
+  same bytes read and written with no chain at all (N page parts of 1 152 B in / 2 048 B out
+  per one-warp program); ``torch.Tensor.copy_`` of the same byte count (in a graph it is a
+  memcpy node).
+- insert (16 384 tokens): the fused insert at several tokens per program; "sol": per token the
+  same loads (keys, position -> cos/sin row, slot) and the same 72 bytes stored, without the
+  norm / RoPE / quantize work ("loads"), or only the slot load and the stores ("stores").
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from nvfp4_indexer.triton.gather import _load_tile
+from nvfp4_indexer.triton.layout import PAGE, WS_PAGE, num_history_pages
+
+from . import knob_lab as kl
+
+
+@triton.jit
+def _chain_copy_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
+                       ws_pages, width, num_blocks, PAGE_PARTS: tl.constexpr):
+    """The gather's program (page part, request) and dependent chain, with the code pairs
+    and scale bytes stored widened to uint32 instead of dequantized (not E4M3 bytes)."""
+    PART: tl.constexpr = PAGE // PAGE_PARTS
+    r = tl.program_id(1)
+    j = tl.program_id(0) // PAGE_PARTS
+    tok0 = (tl.program_id(0) % PAGE_PARTS) * PART
+    num_pages = tl.minimum(num_history_pages(tl.load(len_ptr + r).to(tl.int64)), width)
+    dst = tl.load(off_ptr + r).to(tl.int64) + j
+    ok = (j < num_pages) & (dst >= 0) & (dst < ws_pages)
+    if ok:
+        block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j)
+        block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)
+        codes, scales = _load_tile(cache_ptr + block * page_stride, tok0, ok, PART, "ptx", True)
+        g = tl.arange(0, 8)[None, :, None]
+        k = tl.arange(0, 4)[None, None, :]
+        tok = (tok0 + tl.arange(0, PART))[:, None, None]
+        optr = (ws_ptr + dst * WS_PAGE + tok * 128).to(tl.pointer_type(tl.uint32),
+                                                       bitcast=True) + g * 4 + k
+        tl.store(optr, codes.to(tl.uint32) | (scales.to(tl.uint32) << 16), cache_modifier=".cs")
+
+
+@triton.jit
+def _flat_copy_kernel(src, dst, PARTS: tl.constexpr):
+    """No chain, no dequant: program p reads PARTS x 1 152 contiguous bytes (1 024 + 128, as
+    uint64) and writes PARTS x 2 048 (each word twice), the gather's bytes per page part."""
+    p = tl.program_id(0).to(tl.int64) * PARTS + tl.arange(0, PARTS)[:, None]
+    s64 = src.to(tl.pointer_type(tl.uint64), bitcast=True) + p * 144
+    a = tl.load(s64 + tl.arange(0, 128)[None, :], eviction_policy="evict_first")
+    b = tl.load(s64 + 128 + tl.arange(0, 16)[None, :], eviction_policy="evict_first")
+    v = a + tl.sum(b, axis=1)[:, None]
+    w = tl.reshape(tl.join(v, v), [PARTS, 256])
+    d64 = dst.to(tl.pointer_type(tl.uint64), bitcast=True) + p * 256
+    tl.store(d64 + tl.arange(0, 256)[None, :], w, cache_modifier=".cs")
+
+
+@triton.jit
+def _insert_sol_kernel(x_ptr, pos_ptr, cs_ptr, cache_ptr, slot_ptr, n, page_stride,
+                       BT: tl.constexpr, LOADS: tl.constexpr):
+    """Per token the insert's loads (LOADS: bf16 keys ``[n, 128]``, position -> bf16 cos/sin
+    row ``[., 64]``; always the slot) and its 72 stored bytes, no per-value work."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    ok = t < n
+    v = t * 0
+    if LOADS:
+        x = tl.load(x_ptr + t[:, None].to(tl.int64) * 128 + tl.arange(0, 128)[None, :],
+                    mask=ok[:, None], other=0.0).to(tl.float32)
+        pos = tl.load(pos_ptr + t, mask=ok, other=0)
+        cs = tl.load(cs_ptr + pos[:, None] * 64 + tl.arange(0, 64)[None, :], mask=ok[:, None],
+                     other=0.0).to(tl.float32)
+        v = (tl.sum(x, 1) + tl.sum(cs, 1)).to(tl.int32, bitcast=True)
+    slot = tl.load(slot_ptr + t, mask=ok, other=-1).to(tl.int64)
+    good = ok & (slot >= 0)
+    slot = tl.where(good, slot, 0)
+    page = (slot // 128) * page_stride
+    off = slot % 128
+    c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
+    tl.store(cache_ptr + (page + off * 64)[:, None] + tl.arange(0, 64)[None, :], c,
+             mask=good[:, None])
+    sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
+    tl.store(cache_ptr + (page + 8192 + off * 8)[:, None] + tl.arange(0, 8)[None, :], sc,
+             mask=good[:, None])
+
+
+GATHER_CASES = [(1_024, 32_768, 4), (4_096, 131_072, 1), (16_384, 32_768, 4),
+                (16_384, 131_072, 4), (1_024, 32_768, 1)]
+
+
+def gather_part(ctx) -> None:
+    from nvfp4_indexer.reference.paging import history_pages
+    from nvfp4_indexer.triton import gather as tg
+    from nvfp4_indexer.triton.config import GatherConfig
+
+    from .. import workloads as wl
+    from ..gather_suite import gather_slots
+    from ..prefill_suite import _prefill_inputs
+    for n, c, r in GATHER_CASES:
+        case = wl.PrefillCase(n, c, r)
+        tr = wl.gather_traffic(case)
+        slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
+        sl, width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
+        counts = history_pages(seq)
+        offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
+        offsets[1:] = torch.cumsum(counts, 0)
+        max_pages, pages, cache = int(counts.max()), tr.history_pages, ctx.pool.cache
+        wss = [torch.empty((pages, 128, 128), dtype=torch.uint8, device=ctx.device)
+               for _ in range(slots)]
+
+        def rec(name, fns):
+            t = ctx.time_capturable(fns)
+            gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
+            kl._record("gather", case.name, name, t.us, gbps, "GB/s", "-",
+                       f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+
+        for name, cfg in (("gather", None), ("gather pages1", GatherConfig(pages_per_program=1))):
+            kl._attempt(ctx, name, lambda name=name, cfg=cfg: rec(name, [functools.partial(
+                tg.gather_into, cache, tables[i], seq, offsets, wss[i], max_pages, config=cfg)
+                for i in range(slots)]))
+
+        def chain(i):
+            grid = (min(max_pages, width) * 8, len(sl))
+            _chain_copy_kernel[grid](cache, cache.stride(0), tables[i], tables[i].stride(0), seq,
+                                     offsets, wss[i], pages, width, cache.shape[0],
+                                     PAGE_PARTS=8, num_warps=1)
+        kl._attempt(ctx, "chain copy", lambda: rec("chain copy", [
+            functools.partial(chain, i) for i in range(slots)]))
+        wss = None  # noqa: F841 (frees the workspaces)
+        bufs = [(torch.empty(pages * 9216, dtype=torch.uint8, device=ctx.device),
+                 torch.empty(pages * 16384, dtype=torch.uint8, device=ctx.device))
+                for _ in range(slots)]
+        for parts in (1, 2, 4):
+            def flat(i, parts=parts):
+                s, d = bufs[i]
+                _flat_copy_kernel[(pages * 8 // parts,)](s, d, PARTS=parts, num_warps=1)
+            kl._attempt(ctx, f"flat x{parts}", lambda parts=parts, flat=flat: rec(
+                f"flat copy x{parts}", [functools.partial(flat, i) for i in range(slots)]))
+        bufs = None  # noqa: F841
+        half = tr.bytes_moved // 2
+        tb = [(torch.empty(half, dtype=torch.uint8, device=ctx.device),
+               torch.empty(half, dtype=torch.uint8, device=ctx.device)) for _ in range(slots)]
+        kl._attempt(ctx, "torch copy_", lambda: rec("torch copy_", [
+            functools.partial(d.copy_, s) for s, d in tb]))
+        tb = None  # noqa: F841
+        torch.cuda.empty_cache()
+
+
+def insert_part(ctx) -> None:
+    from nvfp4_indexer.triton import insert as ti
+    from nvfp4_indexer.triton.config import InsertConfig
+
+    from .. import workloads as wl
+    from ..insert_suite import insert_inputs
+    from ..timing import rotation_slots
+    case = wl.InsertCase()
+    tr = wl.insert_traffic(case)
+    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
+    pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
+    n = case.tokens
+    assert case.rotary_dim == 64 and cos_sin.is_contiguous() and cos_sin.shape[1] == 64
+
+    def rec(name, fns):
+        t = ctx.time_capturable(fns)
+        gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
+        kl._record("insert", case.name, name, t.us, gbps, "GB/s", "-",
+                   f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+
+    for bt in (4, 8, 16):
+        cfg = InsertConfig(block_t=bt)
+        kl._attempt(ctx, f"insert bt{bt}", lambda bt=bt, cfg=cfg: rec(
+            f"insert bt{bt}", [functools.partial(ti.insert_index_k, pool.cache, *x, weight,
+                                                 cos_sin, case.rotary_dim, 1e-6, config=cfg)
+                               for x in inputs]))
+    for bt, nw in ((4, 1), (16, 1), (32, 1), (64, 2)):
+        for loads in (True, False):
+            def f(x, bt=bt, nw=nw, loads=loads):
+                k, pos, slot = x
+                _insert_sol_kernel[(triton.cdiv(n, bt),)](
+                    k, pos, cos_sin, pool.cache, slot, n, pool.cache.stride(0), BT=bt,
+                    LOADS=loads, num_warps=nw)
+            name = f"sol bt{bt} w{nw} {'loads' if loads else 'stores'}"
+            kl._attempt(ctx, name, lambda name=name, f=f: rec(
+                name, [functools.partial(f, x) for x in inputs]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("all", "gather", "insert"), default="all")
+    args = ap.parse_args(argv)
+    ctx = kl.make_context(600)
+    kl.ensure_pool(ctx, 40_000)
+    if args.part in ("all", "gather"):
+        gather_part(ctx)
+    if args.part in ("all", "insert"):
+        kl._attempt(ctx, "insert", functools.partial(insert_part, ctx))
+    print("\n| part | case | variant | us | rate | note |\n|---|---|---|---|---|---|")
+    for part, case, variant, us, value, unit, _same, note in kl.ROWS:
+        print(f"| {part} | {case} | {variant} | {us:.2f} | {value:.1f} {unit} | {note} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
