@@ -442,3 +442,48 @@ def test_lab_variants_become_configs():
                       ("prefill", {"gather_tok_block": 48}), ("insert", {"block_t": True})):
         with pytest.raises(ValueError, match=next(iter(bad)).removeprefix("gather_")):
             config_of(kind, bad)
+
+
+
+_LAB_COMPILE = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+from benchmarks.labs import prefill_score_lab, sol_lab
+from benchmarks.sass_stats import GATHER_TYPES, PREFILL_TYPES, _compile, sass_stats
+u8 = dict(src="*u8", dst="*u8")
+ins = dict(x_ptr="*bf16", pos_ptr="*i64", cs_ptr="*bf16", cache_ptr="*u8", slot_ptr="*i64",
+           n="i32", page_stride="i32")
+builds = [
+    ("chain", sol_lab._chain_copy_kernel, GATHER_TYPES, dict(PAGE_PARTS=8),
+     ("cache_ptr", "page_stride", "ws_ptr"), 1, 1),
+    ("flat", sol_lab._flat_copy_kernel, u8, dict(PARTS=2), ("src", "dst"), 1, 1),
+    ("insert_sol", sol_lab._insert_sol_kernel, ins, dict(BT=16, LOADS=True),
+     ("x_ptr", "cache_ptr"), 1, 1),
+    ("score16", prefill_score_lab._score16_kernel, dict(PREFILL_TYPES, ws_ptr="*fp16"),
+     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, DOT="fp16", WINDOW=32, KEEP=16, TOKENS_N=True),
+     ("q_ptr", "ws_ptr"), 4, 2),
+]
+for name, fn, types, consts, aligned, warps, stages in builds:
+    st = sass_stats(_compile(fn, types, consts, aligned, warps, stages, None))
+    print(name, st["instructions"], max((h for _, h in st["loops"]), default=0))
+'''
+
+
+def test_speed_of_light_lab_kernels_compile_for_sm90():
+    """The GPU-only labs ``sol_lab`` and ``prefill_score_lab`` import on CPU and their
+    kernels compile offline for SM90 (the H200) at the shapes they launch (a subprocess
+    without the interpreter); the fp16-workspace scorer's page loop holds the 16 wgmma of a
+    128 x 128 x 128 tile."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _LAB_COMPILE], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("Triton's bundled ptxas is unavailable")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = {ln.split()[0]: [int(v) for v in ln.split()[1:]] for ln in proc.stdout.splitlines()}
+    assert set(got) == {"chain", "flat", "insert_sol", "score16"}
+    assert all(n > 0 for n, _ in got.values())
+    assert got["score16"][1] == 16
