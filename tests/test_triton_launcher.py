@@ -4,11 +4,12 @@ CPU (interpreter): every launch goes through the JIT and gives its result, after
 path's checks (parameter layout, constexprs, argument count and types); the specialization
 key separates what Triton's own specialization separates (tensor dtype and 16-byte alignment,
 ints equal to 1 / divisible by 16 / wider than 32 bits), checked against Triton's
-``native_specialize_impl`` itself; the direct path's bookkeeping (JIT first, then
-``CompiledKernel.run`` with the padded grid, stream, hooks, arguments and constexprs) on a
-stand-in kernel. GPU: a direct launch after the first one of each
-specialization gives the JIT's result, a misaligned view gets its own compiled kernel, and a
-launch captured in a CUDA graph replays with fresh inputs.
+``native_specialize_impl`` itself, and the per-launch typed key separates what that key
+separates; the direct path's bookkeeping (JIT first, then ``CompiledKernel.run`` with the
+padded grid, stream, hooks, arguments and constexprs; a new JIT launch for every change of
+specialization, device or compile knob; the same errors) on a stand-in kernel. GPU: a direct
+launch after the first one of each specialization gives the JIT's result, a misaligned view
+gets its own compiled kernel, and a launch captured in a CUDA graph replays with fresh inputs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import triton.language as tl
 from triton import knobs
 
 from nvfp4_indexer.triton import launcher
-from nvfp4_indexer.triton.launcher import CachedLaunch, _arg_key, _launch_key, _params
+from nvfp4_indexer.triton.launcher import (CachedLaunch, _arg_key, _launch_key, _params,
+                                           _typed_key)
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -46,6 +48,11 @@ def _constexpr_first_kernel(x_ptr, B: tl.constexpr, n):
 @triton.jit
 def _tail_kernel(x_ptr, n, A: tl.constexpr, B: tl.constexpr = 5):
     tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.int32) + A + B + n)
+
+
+@triton.jit
+def _three_kernel(x_ptr, n, f, A: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros([16], tl.float32) + A + n * f)
 
 
 class _StandInCompiled:
@@ -78,6 +85,14 @@ class _StandInJit:
             self.jit.append((grid, args, kw))
             return self.kernel
         return run
+
+
+def _stand_in_driver(monkeypatch) -> SimpleNamespace:
+    """Triton's driver on CPU: the current device is ``state.device`` (0), its stream 77 + it."""
+    state = SimpleNamespace(device=0)
+    monkeypatch.setattr(launcher, "driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_device=lambda: state.device, get_current_stream=lambda d: 77 + d)))
+    return state
 
 
 def _run(launch, x, y, a):
@@ -169,9 +184,7 @@ def test_direct_path_on_a_stand_in_kernel(monkeypatch):
     padded to 3, the current stream, the launch metadata and hooks, then the runtime arguments
     and the constexprs in parameter order (defaults included); a launch the JIT skips (it
     returned no kernel) is not kept."""
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launcher, "driver", SimpleNamespace(
-        active=SimpleNamespace(get_current_stream=lambda device: 77)))
+    _stand_in_driver(monkeypatch)
     kern = _StandInCompiled()
     fn = _StandInJit(_tail_kernel, kern)
     launch = CachedLaunch(fn, A=2, num_warps=1)
@@ -222,6 +235,121 @@ def test_checks_run_under_the_interpreter_too():
     assert torch.all(y == -1)
     launch((1,), x, y, 64, 2)
     assert torch.equal(y, 2 * x + 3)
+
+
+def test_typed_key_is_as_fine_as_the_generic_key():
+    """The key a direct launch computes (``_typed_key``, made for the first launch's argument
+    types) is equal for two arguments of those types only where ``_arg_key`` (checked against
+    Triton above) is, at every position of a mixed argument list; it is None (the generic key
+    then) for any other type; ints get the same key from the int cache, computed afresh and
+    with the cache full."""
+    vals = _specialization_battery()
+    by_type: dict = {}
+    for v in vals:
+        by_type.setdefault(type(v), []).append(v)
+    assert _typed_key((np.float64(1.0),)) is None  # a float subclass: the generic key's
+    del by_type[np.float64]
+    base = (torch.zeros(8, dtype=torch.int32), 7, None, 0.5, True, torch.zeros(4), 3)
+    key = _typed_key(base)
+    assert key is _typed_key(tuple(base))  # shared by launches of the same types
+    assert key(0, base) == key(0, base) and key(1, base) != key(0, base)
+    for pos, a in enumerate(base):
+        group = by_type[type(a)]
+        keys: dict = {}
+        for v in group:
+            args = base[:pos] + (v,) + base[pos + 1:]
+            k = key(0, args)
+            assert k is not None and k == key(0, args)
+            keys.setdefault(k, set()).add(_arg_key(v))
+        assert all(len(g) == 1 for g in keys.values()), (pos, keys)
+        assert len(keys) == len({_arg_key(v) for v in group})
+        for t, other in by_type.items():
+            if t is not type(a):
+                assert key(0, base[:pos] + (other[0],) + base[pos + 1:]) is None, (pos, t)
+    ints = by_type[int]
+    one = _typed_key((0,))
+    cached = [one(0, (v,)) for v in ints]
+    saved = dict(launcher._INT_CODES)
+    launcher._INT_CODES.clear()
+    try:
+        launcher._INT_CODES_MAX, size = 0, launcher._INT_CODES_MAX
+        assert [one(0, (v,)) for v in ints] == cached and not launcher._INT_CODES
+    finally:
+        launcher._INT_CODES_MAX = size
+        launcher._INT_CODES.update(saved)
+
+
+def test_direct_launch_rekeys_on_every_specialization_change(monkeypatch):
+    """On the direct path a change of tensor dtype or alignment, int class (1, a multiple of 16,
+    beyond i32, beyond i64), None / bool / float / int type at a float's place, device or JIT
+    compile knob goes through the JIT once, then direct; a change within a class stays direct."""
+    state = _stand_in_driver(monkeypatch)
+    kern = _StandInCompiled()
+    fn = _StandInJit(_three_kernel, kern)
+    launch = CachedLaunch(fn, A=2)
+    launch.direct = True
+    raw = torch.zeros(64, dtype=torch.uint8)
+    x = raw[:32].view(torch.int32)
+    base = (x, 7, 0.5)
+    launch((1,), *base)
+    assert len(fn.jit) == 1
+    same = [(raw[16:48].view(torch.int32), 9, 1e300), (x, -17, float("inf")),
+            (x, 2 ** 31 - 1, 0.0)]
+    for args in same:
+        launch((1,), *args)
+        assert len(fn.jit) == 1 and kern.runs[-1][9:] == (*args, 2), args
+    changes = [(x.float(), 7, 0.5), (raw[4:36].view(torch.int32), 7, 0.5),
+               (x.to(torch.int64), 7, 0.5), (x, 1, 0.5), (x, 16, 0.5),
+               (x, 2 ** 31, 0.5), (x, -2 ** 31 - 1, 0.5), (x, 2 ** 63, 0.5), (x, 7, None),
+               (x, 7, True), (x, 7, 3), (x, True, 0.5), (x, 7.0, 0.5)]
+    for i, args in enumerate(changes):
+        launch((1,), *args)
+        assert len(fn.jit) == 2 + i and fn.jit[-1][1] == args, args
+        runs = len(kern.runs)
+        launch((1,), *args)
+        assert len(fn.jit) == 2 + i and len(kern.runs) == runs + 1, args
+    jits = len(fn.jit)
+    state.device = 1
+    launch((1,), *base)
+    launch((1,), *base)
+    assert len(fn.jit) == jits + 1 and kern.runs[-1][3] == 78
+    state.device = 0
+    monkeypatch.setattr(knobs.runtime, "debug", not knobs.runtime.debug)
+    launch((1,), *base)
+    launch((1,), *base)
+    assert len(fn.jit) == jits + 2
+    monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "consan")
+    launch((1,), *base)
+    launch((1,), *base)
+    assert len(fn.jit) == jits + 3
+    monkeypatch.undo()
+    _stand_in_driver(monkeypatch)
+    runs = len(kern.runs)
+    launch((1,), *base)  # back to the first key: direct
+    assert len(fn.jit) == jits + 3 and len(kern.runs) == runs + 1
+    assert kern.runs[-1][:4] == (1, 1, 1, 77) and kern.inits == len(fn.jit)
+
+
+def test_direct_launch_refuses_what_the_jit_path_refuses(monkeypatch):
+    """The direct path's errors are the interpreter path's, before the typed key exists and
+    after: a wrong argument count, a numpy integer, a string (nothing launched)."""
+    _stand_in_driver(monkeypatch)
+    kern = _StandInCompiled()
+    fn = _StandInJit(_three_kernel, kern)
+    launch = CachedLaunch(fn, A=2)
+    launch.direct = True
+    x = torch.zeros(8, dtype=torch.int32)
+    for ready in (False, True):
+        with pytest.raises(TypeError, match="expected 3 runtime arguments, got 2"):
+            launch((1,), x, 7)
+        with pytest.raises(TypeError, match="unsupported runtime argument type int64"):
+            launch((1,), x, np.int64(7), 0.5)
+        with pytest.raises(TypeError, match="unsupported runtime argument type str"):
+            launch((1,), x, 7, "0.5")
+        assert len(fn.jit) == int(ready) and len(kern.runs) == 0
+        assert (launch.key is launcher._untyped) != ready
+        launch((1,), x, 7, 0.5)  # builds the typed key
+    assert len(fn.jit) == 1 and len(kern.runs) == 1
 
 
 @pytest.mark.gpu
