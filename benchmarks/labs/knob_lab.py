@@ -108,6 +108,14 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, kw
 
 
+def print_table() -> None:
+    """Every recorded row (``_record``) as one Markdown table."""
+    print("\n| part | case | variant | us | rate | same as base | note |")
+    print("|---|---|---|---|---|---|---|")
+    for part, case, variant, us, val, unit, same, note in ROWS:
+        print(f"| {part} | {case} | {variant} | {us:.2f} | {val:.1f} {unit} | {same} | {note} |")
+
+
 def _attempt(ctx, label: str, fn) -> bool:
     """Run one variant; report a failure and go on. False once the CUDA context is broken."""
     try:
@@ -204,20 +212,27 @@ def gather_part(ctx, variants: dict) -> None:
             return
 
 
-def _gather_case(ctx, case, variants: dict) -> bool:
+def gather_inputs(ctx, case) -> tuple:
+    """A gather case's rotation slots and inputs from the pool, as the gather suite draws
+    them: ``(traffic, slots, width, block tables (one per slot), seq lens, page offsets
+    int32 [R + 1], max pages)``."""
     from nvfp4_indexer.reference.paging import history_pages
-    from nvfp4_indexer.triton import gather as tg
 
     from .. import workloads as wl
     from ..gather_suite import gather_slots
     from ..prefill_suite import _prefill_inputs
     tr = wl.gather_traffic(case)
     slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
-    sl, _width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
+    sl, width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
     counts = history_pages(seq)
     offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
     offsets[1:] = torch.cumsum(counts, 0)
-    max_pages = int(counts.max())
+    return tr, slots, width, tables, seq, offsets, int(counts.max())
+
+
+def _gather_case(ctx, case, variants: dict) -> bool:
+    from nvfp4_indexer.triton import gather as tg
+    tr, slots, _width, tables, seq, offsets, max_pages = gather_inputs(ctx, case)
     wss = [torch.full((tr.history_pages, 128, 128), 0x5A, dtype=torch.uint8,
                       device=ctx.device) for _ in range(slots)]
     base = {}
@@ -315,10 +330,7 @@ def main(argv=None) -> int:
             gather_part(ctx, variants)
         else:
             insert_part(ctx, variants)
-    print("\n| part | case | variant | us | rate | same as base | note |")
-    print("|---|---|---|---|---|---|---|")
-    for part, case, variant, us, val, unit, same, note in ROWS:
-        print(f"| {part} | {case} | {variant} | {us:.2f} | {val:.1f} {unit} | {same} | {note} |")
+    print_table()
     return 0
 
 

@@ -134,10 +134,7 @@ def main() -> int:
             kl._attempt(ctx, f"{case.name} {name}", run)
         ws16 = None  # noqa: F841 (frees the copy)
         torch.cuda.empty_cache()
-    print("| part | case | variant | us | rate | same | note |")
-    print("|---|---|---|---|---|---|---|")
-    for p, c, v, us, val, unit, same, note in kl.ROWS:
-        print(f"| {p} | {c} | {v} | {us:.1f} | {val:.1f} {unit} | {same} | {note} |")
+    kl.print_table()
     return 0
 
 

@@ -106,22 +106,14 @@ GATHER_CASES = [(1_024, 32_768, 4), (4_096, 131_072, 1), (16_384, 32_768, 4),
 
 
 def gather_part(ctx) -> None:
-    from nvfp4_indexer.reference.paging import history_pages
     from nvfp4_indexer.triton import gather as tg
     from nvfp4_indexer.triton.config import GatherConfig
 
     from .. import workloads as wl
-    from ..gather_suite import gather_slots
-    from ..prefill_suite import _prefill_inputs
     for n, c, r in GATHER_CASES:
         case = wl.PrefillCase(n, c, r)
-        tr = wl.gather_traffic(case)
-        slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
-        sl, width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
-        counts = history_pages(seq)
-        offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
-        offsets[1:] = torch.cumsum(counts, 0)
-        max_pages, pages, cache = int(counts.max()), tr.history_pages, ctx.pool.cache
+        tr, slots, width, tables, seq, offsets, max_pages = kl.gather_inputs(ctx, case)
+        pages, cache, reqs = tr.history_pages, ctx.pool.cache, len(seq)
         wss = [torch.empty((pages, 128, 128), dtype=torch.uint8, device=ctx.device)
                for _ in range(slots)]
 
@@ -137,7 +129,7 @@ def gather_part(ctx) -> None:
                 for i in range(slots)]))
 
         def chain(i):
-            grid = (min(max_pages, width) * 8, len(sl))
+            grid = (min(max_pages, width) * 8, reqs)
             _chain_copy_kernel[grid](cache, cache.stride(0), tables[i], tables[i].stride(0), seq,
                                      offsets, wss[i], pages, width, cache.shape[0],
                                      PAGE_PARTS=8, num_warps=1)
@@ -211,9 +203,7 @@ def main(argv=None) -> int:
         gather_part(ctx)
     if args.part in ("all", "insert"):
         kl._attempt(ctx, "insert", functools.partial(insert_part, ctx))
-    print("\n| part | case | variant | us | rate | note |\n|---|---|---|---|---|---|")
-    for part, case, variant, us, value, unit, _same, note in kl.ROWS:
-        print(f"| {part} | {case} | {variant} | {us:.2f} | {value:.1f} {unit} | {note} |")
+    kl.print_table()
     return 0
 
 
