@@ -78,11 +78,13 @@ INSERT_TYPES = dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32", pos_ptr="*i
                     eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32")
 
 
-def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1, streaming=True):
-    """The gather kernel for SM90 with the given launch options."""
+def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1, streaming=True,
+                   pages=1):
+    """The gather kernel for SM90 with the given launch options (``pages``: PAGES, pages
+    per program)."""
     from nvfp4_indexer.triton.gather import _gather_kernel
     consts = dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=tok_block, DEQUANT=dequant,
-                  PAGE_PARTS=page_parts, STREAM=streaming)
+                  PAGE_PARTS=page_parts, STREAM=streaming, PAGES=pages)
     return _compile(_gather_kernel, GATHER_TYPES, consts,
                     ("cache_ptr", "page_stride", "ws_ptr"), num_warps, 1, None)
 
@@ -190,12 +192,14 @@ def elementwise_report() -> list[str]:
     """Static SASS sizes of the gather and insert kernels (no loops: every instruction runs
     once per program, except the rarely taken slow paths of IEEE division / sqrt)."""
     lines = []
-    for dequant, tb, parts, nw in (("ptx", 16, 8, 1), ("triton", 16, 8, 1),
-                                   ("ptx", 32, 1, 4), ("triton", 32, 1, 4)):
+    for dequant, tb, parts, nw, pages in (("ptx", 16, 8, 1, 1), ("ptx", 16, 8, 1, 2),
+                                          ("triton", 16, 8, 1, 1), ("ptx", 32, 1, 4, 1),
+                                          ("triton", 32, 1, 4, 1)):
         st = sass_stats(compile_gather(dequant=dequant, tok_block=tb, page_parts=parts,
-                                       num_warps=nw))
-        per_thread_values = 128 * 128 // parts // (32 * nw)
-        lines.append(f"gather  dequant {dequant:6s} tok_block {tb} page_parts {parts} warps {nw}: "
+                                       num_warps=nw, pages=pages))
+        per_thread_values = pages * 128 * 128 // parts // (32 * nw)
+        lines.append(f"gather  dequant {dequant:6s} tok_block {tb} page_parts {parts} warps {nw} "
+                     f"pages {pages}: "
                      f"{st['registers']} registers, {st['instructions']} SASS instructions per "
                      f"program = {8 * st['instructions'] / per_thread_values:.1f} per 8 values "
                      f"per thread")

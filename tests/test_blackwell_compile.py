@@ -77,7 +77,7 @@ SUBSET = [
     ("gather ptx", gather._gather_kernel, GATHER_TYPES,
      dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
           PAGE_PARTS=heuristics.GATHER_PAGE_PARTS, STREAM=True,
-          PAGES=heuristics.GATHER_PAGES_PER_PROGRAM), dict(num_warps=1)),
+          PAGES=2), dict(num_warps=1)),
 ]
 REST = [
     ("decode score Q1 H1 unsplit", *dec(1, 1, 1, 1, 16)),
@@ -109,7 +109,7 @@ REST = [
      dict(ROT=64, PORTABLE=False, BLOCK_R=4), {}),
     ("gather triton", gather._gather_kernel, GATHER_TYPES,
      dict(FROM_SEQ_LENS=True, PORTABLE=False, TOK_BLOCK=16, DEQUANT="triton", PAGE_PARTS=8,
-          STREAM=False), dict(num_warps=1)),
+          STREAM=False, PAGES=1), dict(num_warps=1)),
 ]
 
 which, archs = sys.argv[1], [int(a) for a in sys.argv[2].split(",")]

@@ -889,7 +889,7 @@ for P in (True, False):
          out_ptr="*u8", n_rows="i32"), dict(PORTABLE=P, OUT_F32=False, BLOCK_T=16)),
         (gather._gather_kernel, GATHER_TYPES,
          dict(FROM_SEQ_LENS=True, PORTABLE=P, TOK_BLOCK=32, DEQUANT="triton", PAGE_PARTS=1,
-              STREAM=False)),
+              STREAM=False, PAGES=1)),
         (gather._gather_persistent_kernel, PERSISTENT_TYPES,
          dict(FROM_SEQ_LENS=True, PORTABLE=P, DEQUANT="triton", PAGE_PARTS=4, STREAM=False)),
         (insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32",

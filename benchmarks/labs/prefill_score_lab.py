@@ -66,7 +66,9 @@ def _score16_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_
                  (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     from .. import workloads as wl
     from ..pool import random_index_q
     from ..prefill_suite import _prefill_inputs
