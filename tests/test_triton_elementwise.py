@@ -530,6 +530,32 @@ def test_gather_persistent_honours_max_pages(monkeypatch):
     assert bool((persistent[[2, 3, 7]] == POISON).all())
 
 
+
+@pytest.mark.parametrize("config", [dict(pages_per_program=1), dict(pages_per_program=2),
+                                    dict(pages_per_program=2, page_parts=2, tok_block=32),
+                                    dict(persistent=True)])
+def test_gather_pages_past_an_odd_max_pages_stay_untouched(config):
+    """Device page counts past an odd host ``max_pages`` (3 here; the counts are read on the
+    device): every kernel and PAGES write request r's pages ``< min(max_pages, W)`` only,
+    the reference's bytes, so a two-page program whose second page is page ``max_pages``
+    leaves that slot (poison here; another request's in a packed layout) untouched."""
+    gen = _gen(17)
+    nb = 5
+    cache = _random_cache(nb, gen)
+    counts = torch.tensor([4, 5, 2], dtype=torch.int32)  # host bound: 3 pages
+    block_table = torch.randint(0, nb, (3, 6), generator=gen, dtype=torch.int32)
+    offsets = torch.tensor([0, 4, 8], dtype=torch.int32)
+    ws = torch.full((11, 128, 128), POISON, dtype=torch.uint8, device=DEV)
+    K["gather"].gather_into(cache, block_table.to(DEV), counts.to(DEV), offsets.to(DEV),
+                            ws.view(torch.float8_e4m3fn), 3, lengths_are_seq_lens=False,
+                            config=K["gather"].GatherConfig(**config))
+    seq = (counts.clamp(max=3) * 128 + 1).to(DEV)
+    rws, _ = api.gather_index_k_fp8(cache, block_table.to(DEV), seq, backend="reference")
+    want = torch.full_like(ws, POISON)
+    want[0:3], want[4:7], want[8:10] = (rws[:3].view(torch.uint8), rws[3:6].view(torch.uint8),
+                                        rws[6:8].view(torch.uint8))
+    _assert_bytes_equal(ws, want)
+
 # ---------------------------------------------------------------------------------------------
 # Fused norm + RoPE kernels: SPEC 3 band rule
 # ---------------------------------------------------------------------------------------------

@@ -106,7 +106,8 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
                    PAGE_PARTS: tl.constexpr = 1, STREAM: tl.constexpr = False,
                    PAGES: tl.constexpr = 1):
     """Program (i * PAGE_PARTS + part, r): part ``part`` (128 / PAGE_PARTS tokens) of request
-    r's logical pages j = PAGES * i + p (p < PAGES, PAGES 1 or 2), each if j < its page count,
+    r's logical pages j = PAGES * i + p (p < PAGES, PAGES 1 or 2), each if j < its page count
+    clamped to ``width`` (``gather_into`` passes min(W, max_pages): the grid's pages),
     into workspace page ``off_ptr[r] + j`` (skipped when that lies outside ``[0, ws_pages)``),
     ``TOK_BLOCK`` tokens per step, every page's loads of a step before its stores (more bytes
     in flight per program), dequantized per ``DEQUANT`` (module docstring). ``STREAM``:
@@ -306,9 +307,10 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
         workspace: ``float8_e4m3fn`` (or uint8) ``[P, 128, 128]``, contiguous; pages outside
             ``[0, P)`` are skipped, pages not gathered are left untouched.
         max_pages: host int >= every n_r. The default kernel's grid is
-            ``(ceil(min(max_pages, W) / pages_per_program) * page_parts, R)``, R split over launches of at most
-            ``MAX_GRID_Y`` requests, pages past n_r exit; the persistent kernel's is
-            ``heuristics.gather_grid`` (one launch; it reads the n_r on the device).
+            ``(ceil(min(max_pages, W) / pages_per_program) * page_parts, R)``, R split over
+            launches of at most ``MAX_GRID_Y`` requests, pages past n_r exit; the persistent
+            kernel's is ``heuristics.gather_grid`` (one launch; it reads the n_r on the
+            device). Either writes pages ``< min(max_pages, W)`` only, whatever the n_r.
         portable: force the PORTABLE constexpr (tests); default True under the interpreter /
             off CUDA.
         config: tuning (``config.GatherConfig``: dequant, tok_block, num_warps, page_parts,
@@ -354,12 +356,13 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
                 **consts)
             return
         # pages on the grid's x axis (up to 2^31 - 1 programs), requests on y: at most
-        # MAX_GRID_Y per launch
+        # MAX_GRID_Y per launch; page counts clamped to min(max_pages, W) as the persistent
+        # kernel's (a 2-page program's second page may be page max_pages)
         for r0 in range(0, r, MAX_GRID_Y):
             r1 = min(r, r0 + MAX_GRID_Y)
             _gather_kernel[(grid, r1 - r0)](
                 cache, cache.stride(0), block_table[r0:r1], block_table.stride(0),
-                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], width,
+                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], min(width, max_pages),
                 cache.shape[0], TOK_BLOCK=tuning.tok_block, PAGES=pages, **consts)
 
 
