@@ -22,6 +22,7 @@ import math
 import os
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -555,6 +556,38 @@ def test_gather_pages_past_an_odd_max_pages_stay_untouched(config):
     want[0:3], want[4:7], want[8:10] = (rws[:3].view(torch.uint8), rws[3:6].view(torch.uint8),
                                         rws[6:8].view(torch.uint8))
     _assert_bytes_equal(ws, want)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gather_into_max_pages_numpy_int_or_refused(monkeypatch, persistent):
+    """``max_pages`` reaches the kernels as a Python int (a numpy integer is taken, as the
+    launchers' other ints; Triton's GPU launch refuses numpy ints, so every argument is
+    checked with the launcher's GPU-launch type check): the same bytes as a Python int; a
+    float or a tensor is refused naming ``max_pages`` before anything is written."""
+    from nvfp4_indexer.triton.launcher import _arg_key
+    g = K["gather"]
+    cache, block_table, seq_lens = _gather_case(_gen(18))
+    rws, roff = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
+    kernel = g._gather_persistent_kernel if persistent else g._gather_kernel
+
+    class Checked:  # the kernel, after the GPU launch's argument type check
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                for a in args:
+                    _arg_key(a)
+                return kernel[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(g, "_gather_persistent_kernel" if persistent else "_gather_kernel",
+                        Checked())
+    cfg = g.GatherConfig(persistent=persistent, pages_per_program=2)
+    ws = torch.full((rws.shape[0], 128, 128), POISON, dtype=torch.uint8, device=DEV)
+    g.gather_into(cache, block_table, seq_lens, roff.to(DEV), ws, np.int64(3), config=cfg)
+    _assert_bytes_equal(ws, rws)  # 3 < W = 4: max_pages bounds the kernels' page counts
+    ws.fill_(POISON)
+    for bad in (3.0, torch.tensor(3), "3", None):
+        with pytest.raises(ValueError, match="max_pages"):
+            g.gather_into(cache, block_table, seq_lens, roff.to(DEV), ws, bad, config=cfg)
+    assert bool((ws == POISON).all())
 
 # ---------------------------------------------------------------------------------------------
 # Fused norm + RoPE kernels: SPEC 3 band rule

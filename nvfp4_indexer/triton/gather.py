@@ -33,6 +33,7 @@ import triton.language as tl
 from ..constants import HEAD_DIM, PAGE_SIZE
 from ..reference.paging import history_pages
 from . import heuristics as hz
+from ..validation import check_int
 from .config import GatherConfig, check_config
 from .dequantize import dequant_code_tile
 from .numerics import device_guard, interpreting, portable_default
@@ -317,12 +318,14 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
             streaming, persistent, programs_per_sm, pages_per_program); None = defaults
             (``heuristics.gather_defaults``). Every setting writes the same bytes.
     Raises:
-        ValueError: a bad ``config``, or dequant "ptx" under the interpreter / off CUDA / with
-            portable=True (checked before any early return), or "ptx" with a workspace not
-            4-byte aligned / a cache not 2-byte aligned (the default then takes "triton").
+        ValueError: a bad ``config`` or ``max_pages`` (not an integer), or dequant "ptx"
+            under the interpreter / off CUDA / with portable=True (checked before any early
+            return), or "ptx" with a workspace not 4-byte aligned / a cache not 2-byte
+            aligned (the default then takes "triton").
     """
     explicit = config.dequant if isinstance(config, GatherConfig) else None
     tuning = resolve_tuning(cache.device, portable, config)
+    max_pages = check_int("max_pages", max_pages)  # a kernel argument: a Python int
     dequant, page_parts = tuning.dequant, tuning.page_parts
     r, width = block_table.shape
     if r == 0 or max_pages <= 0 or workspace.shape[0] == 0 or width == 0 \
