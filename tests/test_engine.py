@@ -701,6 +701,32 @@ def test_triton_chunks_of_several_requests(cache):
     assert first[0][0] == [6, 11, 41, 81, 101, 104]  # absolute rows of index_q / out
 
 
+
+@pytest.mark.parametrize("sms,pages", [(1, 2), (132, 1)])
+def test_triton_gather_pages_per_program(cache, sms, pages):
+    """Triton (interpreter): the chunk's gather takes 2 pages per program when one page per
+    program would take 1-2 waves (``gather_pages_per_program``; the Indexer's SM count is
+    lowered to 1 so that 17 one-warp programs x 2 requests do), 1 otherwise; the workspace
+    holds the reference's 17 pages (an odd count: the last program's second page is not
+    written, the rest of the workspace stays poisoned) and the rows equal the public ops."""
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
+    ix._num_sms = sms
+    step = _step([3, 30, 40], [2300, 2200, 300], 1, seed=12)  # prefill hist 17 | 2 (short)
+    md = ix.plan(step)
+    (c,) = md.prefill_chunks
+    assert c.launch["gather_pages"] == pages and list(c.gather_pages) == [17, 0]
+    assert c.launch["gather"][0][0] == (-(-17 // pages), 2)
+    rows = 73
+    q = _queries(rows)
+    out = torch.full((rows, H, 16), POISON, dtype=torch.int32)
+    ws8 = ix.workspace.view(torch.uint8)
+    ws8.fill_(0x5A)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out, _expected(q, cache, step, 1, 3))
+    want, _ = ni.gather_index_k_fp8(cache, step.block_table[1:2], step.seq_lens[1:2],
+                                    backend="reference")
+    assert torch.equal(ws8[:17], want.view(torch.uint8)) and bool((ws8[17:] == 0x5A).all())
+
 def test_forward_plain_checks_imply_full_checks(cache):
     """forward's fast checks accept only what the full checks accept."""
     ix = ni.Indexer(_config(), backend="reference")
