@@ -345,8 +345,9 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
     consts = dict(FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=tuning.portable,
                   DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=tuning.streaming,
                   num_warps=tuning.num_warps)
-    pages = tuning.pages_per_program or hz.gather_pages_per_program(
-        r, max_pages, width, page_parts, tuning.num_warps, cache.device)
+    pages = 1 if tuning.persistent else tuning.pages_per_program or \
+        hz.gather_pages_per_program(r, max_pages, width, page_parts, tuning.num_warps,
+                                    cache.device)  # the persistent kernel takes no PAGES
     grid = hz.gather_grid(r, max_pages, width, page_parts, tuning.persistent,
                           tuning.programs_per_sm, cache.device, pages)
     with device_guard(cache.device):
