@@ -70,9 +70,7 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
         rec["tuning"] = {"dequant": tun.dequant, "tok_block": tun.tok_block,
                          "num_warps": tun.num_warps, "page_parts": tun.page_parts,
                          "streaming": tun.streaming, "persistent": tun.persistent,
-                         "pages_per_program": tun.pages_per_program
-                         or tg.hz.gather_pages_per_program(len(sl), max_pages, width,
-                                                           tun.page_parts, tun.num_warps, dev)}
+                         "pages_per_program": tun.pages_for(len(sl), max_pages, width, dev)}
         if tun.persistent:
             rec["tuning"]["programs_per_sm"] = tun.programs_per_sm
         alt = GatherConfig(persistent=not tun.persistent)

@@ -521,7 +521,7 @@ class Indexer:
         ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view."""
         from .triton.dot_modes import resolve_dot
         from .triton.gather import _gather_kernel, resolve_tuning
-        from .triton.heuristics import TOKENS_ON_N_DOTS, gather_pages_per_program, num_sms
+        from .triton.heuristics import TOKENS_ON_N_DOTS, num_sms
         from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
         dev = self.device
         self._num_sms = num_sms(dev)
@@ -529,7 +529,6 @@ class Indexer:
         self._tokens_n = self._dot in TOKENS_ON_N_DOTS
         # the grid kernel's fields (the persistent kernel is not launched here)
         tun = resolve_tuning(dev)
-        self._gather_ppp = gather_pages_per_program
         base = dict(FROM_SEQ_LENS=False, PORTABLE=tun.portable, TOK_BLOCK=tun.tok_block,
                     PAGE_PARTS=tun.page_parts, STREAM=tun.streaming, num_warps=tun.num_warps)
         # eager launches with little host work (triton.launcher; issue 14), per PAGES;
@@ -938,7 +937,7 @@ class Indexer:
         caps = st.caps(n_pre)
         bt_stride, width = bt_all.stride()[0], bt_all.shape[1]
         ws8, qsl_d = self._ws8, st.qsl
-        gtun, gather_pages_per_program = self._gather_tuning, self._gather_ppp
+        gtun = self._gather_tuning
         chunks = []
         for k, (a, b, nb, gathered, offs, _, _, _, tpl, bo) in enumerate(plans):
             n = b - a
@@ -953,9 +952,7 @@ class Indexer:
             gather = []  # (grid, (block table, its row stride, pages, ws offsets))
             gpages = 1
             if total:
-                gpages = gtun.pages_per_program or gather_pages_per_program(
-                    n, max_gather, width, gtun.page_parts, gtun.num_warps, None,
-                    self._num_sms)
+                gpages = gtun.pages_for(n, max_gather, width, None, self._num_sms)
                 x = _cdiv(max_gather, gpages) * gtun.page_parts
                 gather.append(((x, min(n, _MAX_GRID_Y)), (bt, bt_stride, pages, ws_off)))
                 for r0 in range(_MAX_GRID_Y, n, _MAX_GRID_Y):  # CUDA's grid y limit

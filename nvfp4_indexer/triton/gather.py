@@ -268,6 +268,16 @@ class GatherTuning(NamedTuple):
     programs_per_sm: int
     pages_per_program: int | None  # None: heuristics.gather_pages_per_program per launch
 
+    def pages_for(self, num_reqs: int, max_pages: int, width: int, device,
+                  sms: int | None = None) -> int:
+        """PAGES of a launch with this tuning on host shapes (requests, max pages, table
+        width W): 1 for the persistent kernel (it takes none), else ``pages_per_program`` or
+        ``heuristics.gather_pages_per_program`` (``sms``: the device's SM count if known)."""
+        if self.persistent:
+            return 1
+        return self.pages_per_program or hz.gather_pages_per_program(
+            num_reqs, max_pages, width, self.page_parts, self.num_warps, device, sms)
+
 
 def resolve_tuning(device, portable: bool | None = None,
                    config: GatherConfig | None = None) -> GatherTuning:
@@ -345,9 +355,7 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
     consts = dict(FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=tuning.portable,
                   DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=tuning.streaming,
                   num_warps=tuning.num_warps)
-    pages = 1 if tuning.persistent else tuning.pages_per_program or \
-        hz.gather_pages_per_program(r, max_pages, width, page_parts, tuning.num_warps,
-                                    cache.device)  # the persistent kernel takes no PAGES
+    pages = tuning.pages_for(r, max_pages, width, cache.device)
     grid = hz.gather_grid(r, max_pages, width, page_parts, tuning.persistent,
                           tuning.programs_per_sm, cache.device, pages)
     with device_guard(cache.device):
