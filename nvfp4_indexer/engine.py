@@ -540,6 +540,8 @@ class Indexer:
                                               DEQUANT="triton") for p in (1, 2)}
         self._gather_tuning = tun
         self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
+        from .triton.heuristics import prefill_wgmma_ok
+        self._wgmma = prefill_wgmma_ok(dev, self._dot, self._tokens_n)  # the Gluon scorer
         from .triton.config import PrefillConfig
         self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
         self._ws8 = self.workspace.view(torch.uint8)
@@ -985,14 +987,20 @@ class Indexer:
             if len(self._templates) > 4096:
                 self._templates.clear()
             L = _prefill_launch(num_blocks, score_pages, block_m, self._num_sms,
-                                self._score_elems)
+                                self._score_elems, self._wgmma)
             ns, keep = L["ns"], L["keep"]
             from .triton.launcher import CachedLaunch
             sk, mk = self._kernels
-            score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m, NUM_SPLITS=ns,
-                                 DOT=self._dot, WINDOW=L["win"], KEEP=keep,
-                                 TOKENS_N=self._tokens_n, num_warps=self._score_warps,
-                                 num_stages=L["stages"])
+            if L["kernel"] == "wgmma":
+                from .triton.prefill_wgmma import prefill_layouts, prefill_wgmma_kernel
+                score = CachedLaunch(prefill_wgmma_kernel, H=self.config.num_heads,
+                                     BLOCK_M=block_m, NUM_SPLITS=ns,
+                                     **prefill_layouts(block_m), num_warps=block_m // 16)
+            else:
+                score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m,
+                                     NUM_SPLITS=ns, DOT=self._dot, WINDOW=L["win"], KEEP=keep,
+                                     TOKENS_N=self._tokens_n, num_warps=self._score_warps,
+                                     num_stages=L["stages"])
             merge = None
             if ns > 1:
                 mrows, warps = L["merge_config"]
@@ -1247,12 +1255,14 @@ def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,
 
 @functools.lru_cache(maxsize=4096)
 def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int,
-                    cap: int | None) -> dict:
-    """``triton.heuristics.prefill_launch`` (splits / keep / window / scratch of one prefill
-    chunk's score launch, fewer splits until the scratch fits ``cap``) plus its merge launch's
-    (rows, warps) and padded splits. Cached (host time): callers must not edit it."""
+                    cap: int | None, wgmma: bool = False) -> dict:
+    """``triton.heuristics.prefill_launch`` (splits / keep / window / scratch / score kernel of
+    one prefill chunk's score launch, fewer splits until the scratch fits ``cap``; ``wgmma``:
+    the Gluon scorer may run) plus its merge launch's (rows, warps) and padded splits. Cached
+    (host time): callers must not edit it."""
     from .triton import heuristics as hz
-    launch = hz.prefill_launch(num_blocks, score_pages, block_m, num_sms, cap=cap)
+    launch = hz.prefill_launch(num_blocks, score_pages, block_m, num_sms, cap=cap,
+                               wgmma=wgmma)
     ns = launch["ns"]
     launch["merge_config"] = hz.merge_config(ns, launch["keep"]) if ns > 1 else None
     launch["splits_pad"] = hz.next_pow2(ns)

@@ -7,8 +7,11 @@ is recorded, cases of one chunk only); then that launch is timed alone in CUDA-g
 (the workspace stays as gathered, so it is L2-warm as inside a call) with 2 / 3 pipeline
 stages, and against the same kernel reading an **fp16 copy of the workspace** (no E4M3 -> fp16
 conversion in the page loop: Triton then pipelines each page straight into shared memory as
-the MMA's operand) at 2 / 3 / 4 stages and 8 warps. Every variant's candidate scratch is
-compared with the default launch's, bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
+the MMA's operand) at 2 / 3 / 4 stages and 8 warps, and against the Gluon kernel
+(``triton.prefill_wgmma``: page MMAs overlapped with the epilogues) with the query in registers
+or shared memory, and its speed-of-light variant without top-k inserts (its candidates are
+wrong by design). Every variant's candidate scratch (and output) is
+compared with the default launch's (lists as sets), bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
 rate measured in the same run.
 """
 
@@ -22,7 +25,9 @@ import triton.language as tl
 
 import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
+from nvfp4_indexer.triton import PrefillConfig
 from nvfp4_indexer.triton import prefill as tp
+from nvfp4_indexer.triton import prefill_wgmma as pw
 from nvfp4_indexer.triton.layout import HEAD, PAGE, scored_pages, split_range
 from nvfp4_indexer.triton.operands import load_q_rows
 from nvfp4_indexer.triton.scan import block_rows_info, finish_split, out_offsets, scan_pages
@@ -68,7 +73,12 @@ def _score16_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_
 
 def main(argv=None) -> int:
     import argparse
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated prefixes: run only the "
+                    "variants whose name starts with one (e.g. 'st3,gluon')")
+    ap.add_argument("--cases", type=int, default=4, help="the first N of the four cases")
+    args = ap.parse_args(argv)
+    only = [x for x in args.only.split(",") if x]
     from .. import workloads as wl
     from ..pool import random_index_q
     from ..prefill_suite import _prefill_inputs
@@ -78,7 +88,7 @@ def main(argv=None) -> int:
     log(f"16-bit mm {mm16:.0f} TFLOP/s")
     kl.ensure_pool(ctx, 40_000)
     cases = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1), (4_096, 32_768, 1)]
-    for n, c, r in cases:
+    for n, c, r in cases[:args.cases]:
         case = wl.PrefillCase(n, c, r)
         tr = wl.prefill_traffic(case)
         _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 1)
@@ -96,7 +106,8 @@ def main(argv=None) -> int:
                 return launch
         tp._prefill_score_kernel = Spy()
         try:
-            tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out)
+            tp.prefill_indexer(q, ctx.pool.cache, tables[0], cu, seq, mgp, out,
+                               config=PrefillConfig(kernel="triton"))
         finally:
             tp._prefill_score_kernel = orig
         torch.cuda.synchronize()
@@ -105,9 +116,10 @@ def main(argv=None) -> int:
             continue
         grid, a, kw = seen[0]
         a = list(a)
-        ws8, cand = a[3], a[11]
+        ws8, cand, res = a[3], a[11], a[13]
         ws16 = ws8.view(torch.float8_e4m3fn).to(torch.float16)
         cand0 = cand.clone()
+        res0 = res.clone()
         flops = tr.flops
         log(f"{case.name}: grid {grid}, consts { {k: v for k, v in kw.items()} }, "
             f"ws {tuple(ws8.shape)}")
@@ -120,15 +132,32 @@ def main(argv=None) -> int:
             b[3] = ws16
             _score16_kernel[grid](*b, **{**kw, "num_stages": stages, "num_warps": warps})
 
-        for name, fn in [("st2", base), ("st3", functools.partial(base, 3)),
-                         ("fp16 ws", f16), ("fp16 ws st3", functools.partial(f16, 3)),
-                         ("fp16 ws st4", functools.partial(f16, 4)),
-                         ("fp16 ws w8", functools.partial(f16, 2, 8))]:
+        def gluon(q_regs, sol=0):
+            bm = kw["BLOCK_M"]
+            pw.prefill_wgmma_kernel[grid](
+                *a, H=kw["H"], BLOCK_M=bm, NUM_SPLITS=kw["NUM_SPLITS"], Q_IN_REGS=q_regs,
+                SOL=sol, **pw.prefill_layouts(bm), num_warps=bm // 16)
+
+        variants = [("st2", base), ("st3", functools.partial(base, 3)),
+                    ("fp16 ws", f16), ("fp16 ws st3", functools.partial(f16, 3)),
+                    ("fp16 ws st4", functools.partial(f16, 4)),
+                    ("fp16 ws w8", functools.partial(f16, 2, 8))]
+        if kw["KEEP"] == TOPK and kw["BLOCK_M"] in (64, 128):
+            variants += [("gluon q-regs", functools.partial(gluon, True)),
+                         ("gluon q-smem", functools.partial(gluon, False)),
+                         ("gluon no-topk (SOL)", functools.partial(gluon, True, 1))]
+        for name, fn in variants:
+            if only and not any(name.startswith(x) for x in only):
+                continue
             def run(name=name, fn=fn):
                 cand.fill_(-1)
+                res.fill_(-7)
                 fn()
                 torch.cuda.synchronize()
-                same = bool(torch.equal(cand, cand0))
+                # lists compared as sets (slot order depends on the insertion order)
+                same = bool(torch.equal(cand.view(-1, kw["KEEP"]).sort(-1).values,
+                                        cand0.view(-1, kw["KEEP"]).sort(-1).values)) and (
+                    kw["NUM_SPLITS"] > 1 or bool(torch.equal(res, res0)))
                 t = ctx.time_capturable([fn])
                 tf = flops / (t.us * 1e-6) / 1e12
                 kl._record("score", case.name, name, t.us, tf, "TFLOP/s", same,

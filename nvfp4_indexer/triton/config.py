@@ -188,6 +188,11 @@ class PrefillConfig(_Config):
             registers) rather than M (default: True for the 16-bit GPU dot modes,
             ``TOKENS_ON_N_DOTS``).
         gather: the workspace gather's ``GatherConfig``.
+        kernel: score kernel, "triton" (``prefill._prefill_score_kernel``) or "wgmma" (the
+            Gluon ``prefill_wgmma``, CUDA SM90 with dot fp16 and tokens on N; chunks it does
+            not take -- at most 8 pages per split, BLOCK_M below 64 -- run the Triton
+            kernel; it takes no window); default: "wgmma" where it can run
+            (``heuristics.prefill_wgmma_ok``).
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
@@ -200,9 +205,11 @@ class PrefillConfig(_Config):
     num_stages: int | None = None
     tokens_on_n: bool | None = None
     gather: GatherConfig = field(default_factory=GatherConfig)
+    kernel: str | None = None
 
     def __post_init__(self):
         _choice("dot", self.dot, DOT_MODES)
+        _choice("kernel", self.kernel, ("triton", "wgmma"))
         _ints(self, num_splits=dict(lo=1, hi=hz.MAX_SPLITS, optional=True),
               window=dict(choices=POW2_WINDOWS, optional=True),
               block_m=dict(choices=(16, 32, 64, 128, 256), optional=True),

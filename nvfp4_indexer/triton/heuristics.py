@@ -41,6 +41,7 @@ SCORES_MAX_BLOCK_M = 64  # (token, head) rows per page_scores program
 PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
 PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel takes 3 stages
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
+PREFILL_WGMMA_BLOCK_M = (64, 128)  # BLOCK_M of the Gluon prefill kernel (a warpgroup per 64)
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
@@ -191,7 +192,7 @@ def window_elems(num_reqs: int, num_splits: int, rows: int, window: int) -> int:
 
 def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int, *,
                    num_splits: int | None = None, window: int | None = None,
-                   cap: int | None = None) -> dict:
+                   cap: int | None = None, wgmma: bool = False) -> dict:
     """Splits / keep / window of one prefill chunk's score launch and its scratch.
 
     Args:
@@ -199,12 +200,16 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         when every row is short). block_m: BLOCK_M. num_sms: the GPU's SMs.
         num_splits / window: overrides (``PrefillConfig``). cap: float32 elements the scratch
         may take; fewer splits (then window 1) until it fits (engine's shared buffer).
+        wgmma: the Gluon kernel may run (``prefill_wgmma_ok``): a chunk whose splits keep 16
+        candidates (> 8 pages) with BLOCK_M in ``PREFILL_WGMMA_BLOCK_M`` takes it; it
+        inserts every page's candidates directly (window 1, no window scratch).
     Returns:
         dict ``ns, keep, win, block_m, cand`` (int64 candidate elements, 0 unsplit),
         ``win_elems`` (fp32 window elements, 0 for window 1), ``scratch`` (float32 elements:
         ``2 * cand + win_elems``), ``stages`` (the score kernel's default ``num_stages``: 3
         from ``PREFILL_DEEP_PIPELINE_PAGES`` pages per split, else 2; H200: 2-7 % faster on
-        long splits, up to 10 % slower on short ones, docs/benchmarks.md).
+        long splits, up to 10 % slower on short ones, docs/benchmarks.md), ``kernel``
+        ("wgmma": ``prefill_wgmma``, else "triton": ``prefill._prefill_score_kernel``).
     """
     if score_pages == 0:
         ns = 1
@@ -224,9 +229,21 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
             ns = max(1, ns // 2)
         else:
             force_win1 = True
+    kernel = "wgmma" if wgmma and keep == TOPK and block_m in PREFILL_WGMMA_BLOCK_M else "triton"
+    if kernel == "wgmma":  # no window scratch: a smaller need, still within cap
+        win, win_elems = 1, 0
+        need = 2 * cand
     return {"ns": ns, "keep": keep, "win": win, "block_m": block_m, "cand": cand,
-            "win_elems": win_elems, "scratch": need,
+            "win_elems": win_elems, "scratch": need, "kernel": kernel,
             "stages": 3 if per >= PREFILL_DEEP_PIPELINE_PAGES else 2}
+
+
+def prefill_wgmma_ok(device, dot: str, tokens_on_n: bool) -> bool:
+    """Whether prefill chunks on ``device`` may take the Gluon score kernel
+    (``prefill_wgmma``): dot "fp16" with tokens on N (its twin's semantics) on a CUDA SM90
+    GPU with Gluon (``decode_wgmma.wgmma_available``)."""
+    from .decode_wgmma import wgmma_available
+    return dot == "fp16" and bool(tokens_on_n) and wgmma_available(device)
 
 
 def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: int,

@@ -24,6 +24,12 @@ candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kern
 ``(blocks, BLOCK_M)``, one row per program, ``heuristics.merge_config``) selects the final 15 and
 writes SPEC 5's output. With one split the score kernel writes the output itself.
 
+On CUDA SM90 with dot fp16 a chunk whose splits have > 8 pages (KEEP 16), with BLOCK_M 64 or 128, is
+scored by the Gluon twin ``prefill_wgmma.prefill_wgmma_kernel`` instead (same arguments and
+results; its page MMAs overlap the epilogues and it inserts each page's candidates directly,
+without the window scratch; ``heuristics.prefill_launch``'s ``kernel``,
+``PrefillConfig.kernel``).
+
 Both kernels read request r's seq len as ``max(min(seq_lens[r], caps[r]), 0)``
 (``scan.block_rows_info``): ``caps`` are the seq lens the host planned with (the engine's
 staged copies of ``seq_lens_cpu``, SPEC 8.1), so no row scores past a planned page and no
@@ -127,13 +133,14 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         max_gather_pages: workspace budget in pages per chunk (>= any request's history).
         out: int32 ``[Tp, H, 16]`` contiguous.
         config: tuning (``config.PrefillConfig``: dot, num_splits, window, block_m, num_warps,
-        num_stages, tokens_on_n, the gather's ``GatherConfig``); None = defaults
+        num_stages, tokens_on_n, kernel, the gather's ``GatherConfig``); None = defaults
         (``heuristics``).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
         ValueError: ``config`` not None or a ``PrefillConfig``; its window with
-        window * BLOCK_M > 4096; a bad ``max_gather_pages``.
+        window * BLOCK_M > 4096; a bad ``max_gather_pages``; kernel "wgmma" where it cannot
+        run (``heuristics.prefill_wgmma_ok``).
     """
     cfg = check_config("config", config, PrefillConfig)
     max_gather_pages = check_int("max_gather_pages", max_gather_pages, lo=0)
@@ -142,6 +149,11 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     dev = index_q.device
     dot = resolve_dot(cfg.dot, dev)
     tokens_on_n = dot in TOKENS_ON_N_DOTS if cfg.tokens_on_n is None else cfg.tokens_on_n
+    wgmma = cfg.kernel != "triton" and hz.prefill_wgmma_ok(dev, dot, tokens_on_n)
+    if cfg.kernel == "wgmma" and not wgmma:
+        raise ValueError("kernel: 'wgmma' needs a CUDA SM90 GPU with Gluon, dot 'fp16' and "
+                         f"tokens on N, got device {dev}, dot {dot!r}, tokens_on_n "
+                         f"{tokens_on_n}")
     if t == 0 or num_reqs == 0:
         return out
     qsl = cu_seqlens_q.tolist()
@@ -174,16 +186,23 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                         config=cfg.gather)
         score_pages = max(p if p > hz.SHORT_MAX_LOCAL else 0 for p in pages)
         launch = hz.prefill_launch(nb, score_pages, block_m, num_sms,
-                                   num_splits=cfg.num_splits, window=cfg.window)
+                                   num_splits=cfg.num_splits, window=cfg.window, wgmma=wgmma)
         ns, keep, win = launch["ns"], launch["keep"], launch["win"]
         cand = torch.empty((max(launch["cand"], 1),), dtype=torch.int64, device=dev)
         scratch = torch.empty((max(launch["win_elems"], 1),), dtype=torch.float32, device=dev)
+        args = (q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
+                seq_lens, blocks, nb, cand, scratch, out)
         with device_guard(dev):
-            _prefill_score_kernel[(nb, ns)](
-                q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
-                seq_lens, blocks, nb, cand, scratch, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
-                DOT=dot, WINDOW=win, KEEP=keep, TOKENS_N=tokens_on_n,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages or launch["stages"])
+            if launch["kernel"] == "wgmma":
+                from .prefill_wgmma import prefill_layouts, prefill_wgmma_kernel
+                prefill_wgmma_kernel[(nb, ns)](
+                    *args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, **prefill_layouts(block_m),
+                    num_warps=block_m // 16)
+            else:
+                _prefill_score_kernel[(nb, ns)](
+                    *args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, DOT=dot, WINDOW=win, KEEP=keep,
+                    TOKENS_N=tokens_on_n, num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages or launch["stages"])
             if ns > 1:
                 rows, warps = hz.merge_config(ns, keep)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
