@@ -10,6 +10,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --elementwise          # gather and insert kernels
     python -m benchmarks.sass_stats --wgmma                # the Gluon wgmma decode scorer
     python -m benchmarks.sass_stats --mma [--arch 89|100]  # the Gluon mma decode scorer
+    python -m benchmarks.sass_stats --prefill-wgmma        # the Gluon prefill score kernel
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
@@ -152,6 +153,40 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
+def compile_prefill_wgmma(*, heads=4, block_m=128, num_splits=4, q_in_regs=True, sol=0):
+    """The Gluon prefill score kernel (``triton.prefill_wgmma``) for SM90, specialized as
+    ``prefill_indexer`` launches it (aligned query and workspace)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from nvfp4_indexer.triton.prefill_wgmma import prefill_layouts, prefill_wgmma_kernel
+    fn = prefill_wgmma_kernel
+    consts = dict(H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, Q_IN_REGS=q_in_regs,
+                  SOL=sol, **prefill_layouts(block_m))
+    sig = {n: "constexpr" if n in consts else PREFILL_TYPES[n] for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "ws_ptr")}
+    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": block_m // 16})
+
+
+def prefill_wgmma_report() -> list[str]:
+    """Registers, spills and the page loop (two pages per iteration) of the Gluon prefill
+    score kernel, per BLOCK_M and variant."""
+    lines = []
+    for bm, q_regs, sol in ((128, True, 0), (128, False, 0), (128, True, 1), (64, True, 0)):
+        k = compile_prefill_wgmma(block_m=bm, q_in_regs=q_regs, sol=sol)
+        st = sass_stats(k)
+        page = [n for n, hg in st["loops"] if hg]
+        lines.append(f"prefill_wgmma BLOCK_M {bm:3d} query in {'registers' if q_regs else 'smem':9s}"
+                     f"{' SOL (no top-k)' if sol else ''}: {st['registers']} registers, "
+                     f"{st['spill_ops']} LDL/STL ({st['mma_loop_spill_ops']} in the page loop), "
+                     f"page loop body (2 pages) {page} SASS "
+                     f"instructions, {k.metadata.shared} B shared")
+    return lines
+
+
 def mma_report(arch: int = 90) -> list[str]:
     """One line per (Q, H) of the Gluon mma decode scorer compiled for ``sm_<arch>``:
     registers, local bytes, LDL/STL (spill) instructions, the page loop's SASS instructions,
@@ -224,9 +259,10 @@ def _tool(name: str) -> str:
 
 def sass_stats(kernel) -> dict:
     """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]``, F2FP count and
-    local-memory (spill) instructions of a compiled kernel's SASS. ``local_bytes`` is the
-    resource usage's ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``):
-    ``spill_ops`` is the spill check."""
+    local-memory (spill) instructions of a compiled kernel's SASS (``spill_ops``; those inside
+    loops that hold HGMMA: ``mma_loop_spill_ops``). ``local_bytes`` is the resource usage's
+    ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``): ``spill_ops`` is the
+    spill check."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -239,6 +275,8 @@ def sass_stats(kernel) -> dict:
               if (m := re.match(r"^(\.L_x_\d+):", ln))}
     is_ins = [bool(re.search(r"/\*[0-9a-f]{4,}\*/", ln)) for ln in lines]
     loops = []
+    spill = [bool(re.search(r"\b(?:LDL|STL)\b", ln)) for ln in lines]
+    mma_loop_spills = 0
     for i, ln in enumerate(lines):  # a backward branch closes a loop body
         # "@P0 BRA `(.L_x_3)" or, on sm_100, "BRA.U UP0, `(.L_x_0)" (uniform predicate)
         m = re.search(r"BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)", ln)
@@ -246,10 +284,13 @@ def sass_stats(kernel) -> dict:
             body = range(labels[m.group(1)], i + 1)
             loops.append((sum(is_ins[k] for k in body),
                           sum("HGMMA" in lines[k] for k in body)))
+            if loops[-1][1]:
+                mma_loop_spills += sum(spill[k] for k in body)
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
             "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
             "instructions": sum(is_ins), "loops": loops, "f2fp": sass.count("F2FP"),
-            "spill_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
+            "spill_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+            "mma_loop_spill_ops": mma_loop_spills}
 
 
 def main(argv=None) -> int:
@@ -264,12 +305,18 @@ def main(argv=None) -> int:
     ap.add_argument("--mma", action="store_true",
                     help="the Gluon warp-per-split decode scorer (decode dequant 'mma')")
     ap.add_argument("--arch", type=int, default=90, help="--mma target (89, 90, 100)")
+    ap.add_argument("--prefill-wgmma", action="store_true",
+                    help="the Gluon prefill score kernel (prefill_wgmma)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
     if args.wgmma:
         for line in wgmma_report():
+            print(line, flush=True)
+        return 0
+    if args.prefill_wgmma:
+        for line in prefill_wgmma_report():
             print(line, flush=True)
         return 0
     if args.mma:

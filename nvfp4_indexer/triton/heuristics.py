@@ -41,7 +41,7 @@ SCORES_MAX_BLOCK_M = 64  # (token, head) rows per page_scores program
 PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
 PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel takes 3 stages
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
-PREFILL_WGMMA_BLOCK_M = (64, 128)  # BLOCK_M of the Gluon prefill kernel (a warpgroup per 64)
+PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel is dispatched at (64 spills)
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)

@@ -24,7 +24,7 @@ candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kern
 ``(blocks, BLOCK_M)``, one row per program, ``heuristics.merge_config``) selects the final 15 and
 writes SPEC 5's output. With one split the score kernel writes the output itself.
 
-On CUDA SM90 with dot fp16 a chunk whose splits have > 8 pages (KEEP 16), with BLOCK_M 64 or 128, is
+On CUDA SM90 with dot fp16 a chunk whose splits have > 8 pages (KEEP 16), with BLOCK_M 128, is
 scored by the Gluon twin ``prefill_wgmma.prefill_wgmma_kernel`` instead (same arguments and
 results; its page MMAs overlap the epilogues and it inserts each page's candidates directly,
 without the window scratch; ``heuristics.prefill_launch``'s ``kernel``,

@@ -47,7 +47,10 @@ NUM_BUFFERS = gl.constexpr(3)  # fp16 page buffers (see the module doc)
 
 @functools.lru_cache(maxsize=None)
 def prefill_layouts(block_m: int):
-    """Constexpr layouts for ``BLOCK_M`` rows (64 or 128) on ``block_m // 16`` warps:
+    """Constexpr layouts for ``BLOCK_M`` rows (64 or 128) on ``block_m // 16`` warps (the
+    launchers take 128 only, ``heuristics.PREFILL_WGMMA_BLOCK_M``: at 64 rows on 4 warps a
+    thread holds twice the page bytes and the kernel spills, ``benchmarks.sass_stats
+    --prefill-wgmma``):
     ``dict(MMA, LD, TL, Q_SL, K_SL)`` -- the accumulator (instruction N = 128 tokens), the
     page / query byte loads (16 bytes per thread), the top-k lists (a 16-column accumulator
     layout: a row's entries on the threads that hold its scores, 4 per thread), and the
