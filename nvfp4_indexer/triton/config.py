@@ -190,9 +190,9 @@ class PrefillConfig(_Config):
         gather: the workspace gather's ``GatherConfig``.
         kernel: score kernel, "triton" (``prefill._prefill_score_kernel``) or "wgmma" (the
             Gluon ``prefill_wgmma``, CUDA SM90 with dot fp16 and tokens on N; chunks it does
-            not take -- at most 8 pages per split, BLOCK_M below 64 -- run the Triton
-            kernel; it takes no window); default: "wgmma" where it can run
-            (``heuristics.prefill_wgmma_ok``).
+            not take -- at most 8 pages per split, BLOCK_M other than 64 / 128 -- run the
+            Triton kernel; it ignores window, num_warps and num_stages); default: "wgmma"
+            where it can run (``heuristics.prefill_wgmma_ok``).
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
