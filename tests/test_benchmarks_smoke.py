@@ -445,6 +445,19 @@ def test_lab_variants_become_configs():
 
 
 
+def test_knob_lab_prefill_variants_pick_their_kernel():
+    """Every knob_lab prefill variant is a valid config, and one that sets a Triton score-kernel
+    knob (num_stages, num_warps, window) names the Triton kernel: on SM90 the default takes the
+    Gluon scorer, which ignores those knobs (the variant would time the default)."""
+    from benchmarks.labs.knob_lab import PREFILL_VARIANTS
+    from benchmarks.labs.profile_case import config_of
+    for name, knobs in PREFILL_VARIANTS.items():
+        cfg = config_of("prefill", knobs)
+        if {"num_stages", "num_warps", "window"} & set(knobs):
+            assert cfg.kernel == "triton" or cfg.block_m not in (None, 64, 128), name
+
+
+
 _LAB_COMPILE = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)

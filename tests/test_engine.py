@@ -261,6 +261,52 @@ def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
     assert bool((out[rows:] == POISON).all())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check")
+def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch):
+    """The Indexer's Gluon prefill branch (``_setup_triton``'s ``prefill_wgmma_ok``,
+    ``_launch_template``'s ``kernel``) on the CPU, with the Triton twin in the Gluon kernel's
+    place under its contract (window 1, KEEP 16, no window scratch): the 18-page chunk (2
+    splits of 9 pages) takes it, with the real kernel's runtime arity, and the 16-page chunk
+    (8 pages per split) the Triton kernel; rows equal the public ops, the rest stays
+    poisoned. (The dispatched BLOCK_M set is widened to this small step's.)"""
+    from nvfp4_indexer import engine
+    from nvfp4_indexer.triton import heuristics as hz
+    from nvfp4_indexer.triton import prefill as tp
+    from nvfp4_indexer.triton import prefill_wgmma as pw
+    from nvfp4_indexer.triton.launcher import CachedLaunch
+    real, real_layouts = pw.prefill_wgmma_kernel, pw.prefill_layouts
+    monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
+    monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
+    monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))  # this step's BLOCK_M
+    monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
+    monkeypatch.setattr(pw, "prefill_layouts", lambda bm: dict(DOT="fp32", WINDOW=1, KEEP=16,
+                                                               TOKENS_N=False))
+    engine._prefill_launch.cache_clear()
+    try:
+        ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
+        assert ix._wgmma
+        q_lens, seqs, nd = CLAMP
+        step = _step(q_lens, seqs, nd, seed=25)
+        md = ix.plan(step)
+        kinds = []
+        for ch in md.prefill_chunks:
+            sc, bm = ch.launch["score"], ch.launch["block_m"]
+            gluon = "num_stages" not in sc.kwargs  # the Gluon branch passes no num_stages
+            kinds.append((gluon, ch.launch["score_grid"][1]))
+            if gluon:
+                assert sc.kwargs["num_warps"] == bm // 16 and sc.kwargs["WINDOW"] == 1
+                ref = CachedLaunch(real, H=H, BLOCK_M=128, NUM_SPLITS=ch.launch["ns"],
+                                   **real_layouts(128), num_warps=8)
+                assert ref.num_runtime == 3 + len(ch.launch["score_args"]) + 1
+        assert kinds == [(True, 2), (False, 2)], kinds
+        rows = sum(q_lens)
+        q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=26)
+        assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
+        assert bool((out[rows:] == POISON).all())
+    finally:
+        engine._prefill_launch.cache_clear()
+
+
 def test_plan_device_ops_are_the_copies():
     """A Triton plan issues no torch op that does work (views left out) but the prefill
     staging copy and the decode wrapper's multi-tensor copy: the prefill seq-len clamp is in

@@ -31,6 +31,7 @@ FIELDS = [
     (PrefillConfig, "num_stages", 4, [5, 0, True]),
     (PrefillConfig, "tokens_on_n", False, [1, "true"]),
     (PrefillConfig, "gather", GatherConfig(tok_block=32), [None, {}, DecodeConfig()]),
+    (PrefillConfig, "kernel", "triton", ["gluon", "Triton", 1, True, ["wgmma"]]),
     (GatherConfig, "dequant", "triton", ["lut", True]),
     (GatherConfig, "tok_block", 32, [4, True, 256]),
     (GatherConfig, "num_warps", 2, [3, True]),

@@ -1,12 +1,15 @@
 """The Gluon prefill score kernel (``triton.prefill_wgmma``, SPEC 4, 5, 7, 10) and its dispatch.
 
-CPU: which chunks take it (``heuristics.prefill_launch``'s ``kernel``: splits that keep 16
-candidates, BLOCK_M 128, on SM90 with dot fp16 and tokens on N), ``PrefillConfig.kernel``
-checks, and an offline sm_90a compile (spills bounded, both pages' MMAs of an iteration in
-the page loop). Its semantics run on the CPU through the Triton twin
-(``prefill._prefill_score_kernel``, ``tests/test_triton_scoring.py``).
+CPU: which chunks take it (``heuristics.prefill_launch``'s ``kernel``; only those whose
+splits keep 16 candidates, with BLOCK_M 128, on SM90 with dot fp16 and tokens on N),
+``PrefillConfig.kernel`` checks, the scratch cap, ``prefill_indexer``'s Gluon branch with the
+twin in the kernel's place (the Indexer's: ``tests/test_engine.py``), and an offline sm_90a
+compile (no spills in the page loop, both pages' MMAs of an iteration in it). Its semantics
+run on the CPU through the Triton twin (``prefill._prefill_score_kernel``,
+``tests/test_triton_scoring.py``).
 GPU (SM90): the Gluon kernel against the Triton twin row for row (poisoned outputs, NaN
-pages, one and several splits, several chunks), and against the exact
+pages, one and several splits, splits of 1-3 pages and empty ones, several chunks), and
+against the exact
 reference (tie-aware, b = 15).
 """
 
@@ -56,6 +59,20 @@ def test_dispatch_rule():
         assert HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)
         assert not HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", False)
         assert not HZ.prefill_wgmma_ok(torch.device(DEV), "bf16", True)
+
+
+def test_cap_counts_only_the_gluon_scratch():
+    """Under a scratch cap (the Indexer's shared buffer) the Gluon launch keeps the splits whose
+    candidates fit: the window scratch it does not use is not counted (it used to halve the
+    splits for it, 3 -> 1 here)."""
+    tri = HZ.prefill_launch(512, 1023, 128, 132)
+    cap = 2 * tri["cand"] + tri["win_elems"] - 1  # the Triton launch's scratch does not fit
+    assert tri["ns"] == 3 and HZ.prefill_launch(512, 1023, 128, 132, cap=cap)["ns"] == 1
+    g = HZ.prefill_launch(512, 1023, 128, 132, cap=cap, wgmma=True)
+    assert g["kernel"] == "wgmma" and g["ns"] == 3 and g["win"] == 1
+    assert g["scratch"] == 2 * g["cand"] <= cap
+    g = HZ.prefill_launch(512, 1023, 128, 132, cap=2 * g["cand"] - 1, wgmma=True)
+    assert g["kernel"] == "wgmma" and g["ns"] == 1 and g["scratch"] == 0
 
 
 def test_kernel_knob_checked():
@@ -120,6 +137,8 @@ def test_compiles_offline_for_sm90():
     ([(64, 20000), (16, 40000)], None, 1, 128),  # one split: the kernel writes the output
     ([(4096, 4096), (1024, 33792), (256, 20000)], 300, None, None),  # several chunks
     ([(300, 50000)], None, 3, 128),  # partial last row block
+    # blocks of 16 / 17 / 39 pages in 16 splits: 1-, 2-, 3-page and empty splits
+    ([(1024, 40000), (64, 2100), (32, 2300), (16, 5000)], None, 16, None),
 ])
 def test_gpu_gluon_matches_triton_twin(specs, budget, num_splits, block_m):
     """The Gluon kernel and its Triton twin select the same pages for every row (the same
@@ -160,3 +179,74 @@ def test_gpu_gluon_matches_triton_twin(specs, budget, num_splits, block_m):
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
                                  with_magnitude=True)
     check_selection(outs["wgmma"], exact, mag, local_pages(batch.seq_lens, qsl), BITS)
+
+
+def _twin_in_its_place(monkeypatch):
+    """Let the Gluon branch run on the CPU: ``prefill_wgmma_ok`` forced, and the Gluon kernel
+    replaced by the Triton twin under its contract (window 1, KEEP 16, no window scratch).
+    Returns the list of the launches' ``(grid, BLOCK_M, NUM_SPLITS)``."""
+    from nvfp4_indexer.triton import prefill_wgmma as PW
+    layouts = set(PW.prefill_layouts(64))  # the real kernel's layout constexprs
+    calls = []
+
+    class Twin:
+        def __getitem__(self, grid):
+            def launch(*args, H, BLOCK_M, NUM_SPLITS, num_warps, **kw):
+                assert set(kw) == layouts and num_warps == BLOCK_M // 16, (kw, num_warps)
+                assert grid[1] == NUM_SPLITS and BLOCK_M in HZ.PREFILL_WGMMA_BLOCK_M
+                cand, win = args[11], args[12]
+                rows = grid[0] * BLOCK_M * NUM_SPLITS * 16
+                assert cand.numel() == (rows if NUM_SPLITS > 1 else 1) and win.numel() == 1
+                calls.append((grid, BLOCK_M, NUM_SPLITS))
+                PREFILL._prefill_score_kernel[grid](
+                    *args, H=H, BLOCK_M=BLOCK_M, NUM_SPLITS=NUM_SPLITS, DOT="fp32", WINDOW=1,
+                    KEEP=16, TOKENS_N=False)
+            return launch
+    monkeypatch.setattr(HZ, "prefill_wgmma_ok", lambda *a: True)
+    monkeypatch.setattr(PW, "prefill_wgmma_kernel", Twin())
+    return calls
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU plumbing check (the GPU test runs the kernel)")
+@pytest.mark.parametrize("knob", [{"window": 2}, {"num_stages": 2}])
+def test_triton_knobs_select_the_triton_kernel(monkeypatch, knob):
+    """With ``kernel`` None a window or num_stages (knobs of the Triton kernel only) selects the
+    Triton kernel for every chunk; with ``kernel="wgmma"`` they are ignored."""
+    calls = _twin_in_its_place(monkeypatch)
+    batch, qsl = prefill_batch([(20, 2300)], seed=63)
+    q = random_q(20, 2, seed=64)
+    for kernel, gluon in ((None, False), ("wgmma", True)):
+        calls.clear()
+        big, out = poisoned_out(20, 2)
+        cfg = PREFILL.PrefillConfig(num_splits=1, block_m=128, kernel=kernel, **knob)
+        PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, 10**6,
+                                out, config=cfg)
+        assert_guards(big)
+        assert bool(calls) == gluon, (kernel, calls)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU plumbing check (the GPU test runs the kernel)")
+@pytest.mark.parametrize("num_splits,block_m,gluon", [(1, 128, True), (2, 128, True),
+                                                      (3, 128, False), (1, 64, False)])
+def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, gluon):
+    """``prefill_indexer``'s Gluon branch (CPU, the twin in its place): a chunk whose splits keep
+    16 with BLOCK_M 128 launches it with the contract's grid, constexprs and scratch
+    (candidates ``[rows, splits, 16]`` or none, no window scratch); the output (written by the
+    score kernel for one split, by the KEEP-16 merge otherwise) passes the reference judge.
+    At most 8 pages per split (3 splits of 18 pages) and BLOCK_M 64 take the Triton kernel."""
+    calls = _twin_in_its_place(monkeypatch)
+    specs = [(20, 2300), (3, 2200), (5, 40)]  # 18 / 17 pages, and short rows only
+    batch, qsl = prefill_batch(specs, seed=61)
+    batch.page_bytes(int(batch.block_table[0, 4]))[8192:] = 0x7F  # a NaN page
+    t, heads = int(qsl[-1]), 2
+    q = random_q(t, heads, seed=62)
+    big, out = poisoned_out(t, heads)
+    cfg = PREFILL.PrefillConfig(num_splits=num_splits, block_m=block_m)
+    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, 10**6, out,
+                            config=cfg)
+    assert_guards(big)
+    assert bool(calls) == gluon, calls
+    assert all(c[1:] == (block_m, num_splits) for c in calls)
+    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
+                                 with_magnitude=True)
+    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)

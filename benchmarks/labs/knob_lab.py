@@ -11,8 +11,10 @@ sets from one pool far larger than L2, CUDA-graph replays where the launcher is 
 eager calls after an L2 flush where it syncs the host) and checks every variant's output
 against the default's, byte for byte (prefill: the selected pages, row for row):
 
-- prefill: ``triton.prefill.prefill_indexer`` with ``block_m`` (rows per score program),
-  ``tokens_on_n``, ``dot``, ``num_warps`` and ``num_stages``; eager (it plans on the host).
+- prefill: ``triton.prefill.prefill_indexer`` with ``kernel`` (the Triton score kernel where
+  the default is the Gluon one), ``block_m`` (rows per score program), ``tokens_on_n``,
+  ``dot``, ``num_warps`` and ``num_stages`` (Triton kernel knobs: the Gluon one ignores
+  them); eager (it plans on the host).
 - gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block``, ``num_warps``,
   ``page_parts``, ``streaming`` (cache hints) and the persistent kernel (``persistent``,
   ``programs_per_sm``);
@@ -43,8 +45,9 @@ PREFILL_VARIANTS = {
     "tokens m": {"tokens_on_n": False},
     "m64": {"block_m": 64},
     "m64 tokens m": {"block_m": 64, "tokens_on_n": False},
-    "st3": {"num_stages": 3},
-    "w8": {"num_warps": 8},
+    "triton": {"kernel": "triton"},  # SM90: the default takes the Gluon scorer (no stages)
+    "st3": {"kernel": "triton", "num_stages": 3},
+    "w8": {"kernel": "triton", "num_warps": 8},
     "m256 w8": {"block_m": 256, "num_warps": 8},
     "gather no stream": {"gather_streaming": False},
     "gather pers k16": {"gather_persistent": True, "gather_programs_per_sm": 16},

@@ -190,9 +190,10 @@ class PrefillConfig(_Config):
         gather: the workspace gather's ``GatherConfig``.
         kernel: score kernel, "triton" (``prefill._prefill_score_kernel``) or "wgmma" (the
             Gluon ``prefill_wgmma``, CUDA SM90 with dot fp16 and tokens on N; chunks it does
-            not take -- at most 8 pages per split, BLOCK_M below 128 -- run the Triton
-            kernel; it takes no window); default: "wgmma" where it can run
-            (``heuristics.prefill_wgmma_ok``).
+            not take -- at most 8 pages per split, BLOCK_M other than 128 -- run the Triton
+            kernel; it takes no window, num_warps or num_stages); default: "wgmma" where it
+            can run (``heuristics.prefill_wgmma_ok``) unless ``window`` or ``num_stages`` is
+            given (Triton-kernel knobs: then "triton").
     Raises:
         ValueError: a field of the wrong type or out of range.
     """

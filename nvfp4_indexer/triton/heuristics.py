@@ -202,7 +202,8 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         may take; fewer splits (then window 1) until it fits (engine's shared buffer).
         wgmma: the Gluon kernel may run (``prefill_wgmma_ok``): a chunk whose splits keep 16
         candidates (> 8 pages) with BLOCK_M in ``PREFILL_WGMMA_BLOCK_M`` takes it; it
-        inserts every page's candidates directly (window 1, no window scratch).
+        inserts every page's candidates directly (window 1, no window scratch: ``cap``
+        counts only its candidates).
     Returns:
         dict ``ns, keep, win, block_m, cand`` (int64 candidate elements, 0 unsplit),
         ``win_elems`` (fp32 window elements, 0 for window 1), ``scratch`` (float32 elements:
@@ -219,7 +220,10 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
     while True:
         per = cdiv(max(score_pages, 1), ns)  # pages of the longest split
         keep = keep_for_pages(per)
-        win = 1 if force_win1 else window if window is not None else choose_window(per, block_m)
+        gluon = wgmma and keep == TOPK and block_m in PREFILL_WGMMA_BLOCK_M
+        # the Gluon kernel inserts per page: no window scratch to fit (nor splits to drop)
+        win = 1 if force_win1 or gluon else window if window is not None else \
+            choose_window(per, block_m)
         cand = candidate_elems(num_blocks, ns, block_m, keep)
         win_elems = window_elems(num_blocks, ns, block_m, win)
         need = 2 * cand + win_elems
@@ -229,10 +233,7 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
             ns = max(1, ns // 2)
         else:
             force_win1 = True
-    kernel = "wgmma" if wgmma and keep == TOPK and block_m in PREFILL_WGMMA_BLOCK_M else "triton"
-    if kernel == "wgmma":  # no window scratch: a smaller need, still within cap
-        win, win_elems = 1, 0
-        need = 2 * cand
+    kernel = "wgmma" if gluon else "triton"
     return {"ns": ns, "keep": keep, "win": win, "block_m": block_m, "cand": cand,
             "win_elems": win_elems, "scratch": need, "kernel": kernel,
             "stages": 3 if per >= PREFILL_DEEP_PIPELINE_PAGES else 2}

@@ -149,7 +149,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     dev = index_q.device
     dot = resolve_dot(cfg.dot, dev)
     tokens_on_n = dot in TOKENS_ON_N_DOTS if cfg.tokens_on_n is None else cfg.tokens_on_n
-    wgmma = cfg.kernel != "triton" and hz.prefill_wgmma_ok(dev, dot, tokens_on_n)
+    # kernel None: the Gluon kernel where it runs, unless a Triton-kernel knob is given
+    auto = cfg.kernel is None and cfg.window is None and cfg.num_stages is None
+    wgmma = (cfg.kernel == "wgmma" or auto) and hz.prefill_wgmma_ok(dev, dot, tokens_on_n)
     if cfg.kernel == "wgmma" and not wgmma:
         raise ValueError("kernel: 'wgmma' needs a CUDA SM90 GPU with Gluon, dot 'fp16' and "
                          f"tokens on N, got device {dev}, dot {dot!r}, tokens_on_n "

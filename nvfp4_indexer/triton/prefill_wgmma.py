@@ -23,8 +23,10 @@ Here a program (``BLOCK_M`` rows, one warpgroup per 64) runs, per page k of its 
    warpgroups).
 
 So from the end of page k - 1's MMA to the issue of page k + 1's only the epilogue and the
-barrier stand, while page k's MMA runs. Three buffers: step k writes buffer (k + 1) % 3, last
+barriers stand, while page k's MMA runs. Three buffers: step k writes buffer (k + 1) % 3, last
 read by page k - 2's MMA, which both warpgroups waited for before step k - 1's barrier.
+(The compiled step has a second CTA barrier, before step 2's stores: Triton's shared-memory
+barrier analysis sees the three buffers as one allocation, read by the MMA just issued.)
 Products are exact and accumulate in fp32 in the same wgmma K order as the twin's ``tl.dot``.
 """
 
