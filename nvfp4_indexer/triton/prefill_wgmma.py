@@ -62,7 +62,7 @@ def prefill_layouts(block_m: int):
     warps = block_m // 16
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                     instr_shape=[16, PAGE.value, 16])
-    ld = gl.BlockedLayout([1, 16], [8, 4], [warps, 1], [0, 1])
+    ld = gl.BlockedLayout([1, 16], [4, 8], [warps, 1], [1, 0])
     tl_ = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                     instr_shape=[16, TOPK.value, 16])
     q_sl = gl.NVMMASharedLayout.get_default_for([block_m, HEAD.value], gl.float16)
