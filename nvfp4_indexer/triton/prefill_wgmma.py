@@ -150,6 +150,19 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
                          LD: gl.constexpr, TL: gl.constexpr, Q_SL: gl.constexpr,
                          K_SL: gl.constexpr, Q_IN_REGS: gl.constexpr = True,
                          SOL: gl.constexpr = 0):
+    """Prefill score program ``(row block, split)`` of grid ``(num_blocks, NUM_SPLITS)``
+    (SPEC 4, 5, 7), launched with ``num_warps = BLOCK_M // 16`` and ``prefill_layouts``.
+
+    Arguments as ``prefill._prefill_score_kernel``'s: ``q_ptr`` E4M3 query bytes (uint8) with
+    token / head strides in bytes; ``ws_ptr`` the FP8 workspace ``[P, 128, 128]`` (bytes) and
+    ``ws_off_ptr`` int32 each request's first workspace page (indexed by request - req_base);
+    ``qsl_ptr`` int32 cu_seqlens_q, ``seq_lens_ptr`` / ``caps_ptr`` int32 device / planned seq
+    lens; ``blk_ptr`` int32 ``[2, num_blocks]`` (request, first row); ``cand_ptr`` int64
+    candidates ``[num_blocks * BLOCK_M, NUM_SPLITS, 16]`` (NUM_SPLITS > 1), ``out_ptr`` int32
+    ``[Tp, H, 16]`` (NUM_SPLITS == 1); ``win_ptr`` is not read (no window). The caller
+    guarantees KEEP == 16 (more than 8 pages per split), dot fp16 with tokens on N, and a
+    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``Q_IN_REGS`` (the query as
+    the register A operand, default) and ``SOL`` (1: no top-k inserts, wrong lists)."""
     blk = gl.program_id(0)
     split = gl.program_id(1)
     # rows in the top-k layout: the split's range, the lists and the output
