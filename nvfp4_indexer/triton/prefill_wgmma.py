@@ -85,6 +85,14 @@ def _as_f16(raw):
 
 
 @gluon.jit
+def _fill(k_smem, k, raw, ws_page0, end, tok_off, all_tok, LD: gl.constexpr):
+    """Page k + 1's bytes ``raw`` widened into buffer (k + 1) % 3; returns page k + 2's bytes
+    (clamped to the split's last page, ``end - 1``: re-read, never scored)."""
+    k_smem.index((k + 1) % NUM_BUFFERS).store(_as_f16(raw))
+    return _load_tile(ws_page0 + gl.minimum(k + 2, end - 1) * WS_PAGE, tok_off, all_tok, LD)
+
+
+@gluon.jit
 def _topk_insert(top, cand, TL: gl.constexpr):
     """``topk.topk_insert`` in layout TL: one candidate per row (``cand [R]``, SliceLayout(1,
     TL)) replaces the row's smallest entry of ``top [R, K]`` when larger."""
@@ -116,13 +124,12 @@ def _step(k, raw, dead, pending, k_smem, q_op, ws_page0, tok_off, all_tok, end, 
           LD: gl.constexpr, TL: gl.constexpr, SOL: gl.constexpr):
     """Page k's MMA issued on buffer k % 3 into the registers of ``dead`` (an accumulator whose
     epilogue ran); page k + 1's bytes ``raw`` widened into buffer (k + 1) % 3 and page k + 2's
-    loaded; page k - 1's MMA (``pending``) waited for and its epilogue run; fence, barrier.
-    Pages past the split's last are clamped to it (re-read, never scored). Returns ``(raw,
+    loaded (``_fill``); page k - 1's MMA (``pending``) waited for and its epilogue run; fence,
+    barrier. Returns ``(raw,
     page k's accumulator in flight, page k - 1's, top)``."""
     issued = warpgroup_mma(q_op, k_smem.index(k % NUM_BUFFERS).permute((1, 0)), dead,
                            use_acc=False, is_async=True)
-    k_smem.index((k + 1) % NUM_BUFFERS).store(_as_f16(raw))
-    raw = _load_tile(ws_page0 + gl.minimum(k + 2, end - 1) * WS_PAGE, tok_off, all_tok, LD)
+    raw = _fill(k_smem, k, raw, ws_page0, end, tok_off, all_tok, LD)
     done = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
     top = _epilogue(done, k - 1, top, local, TL, SOL)
     fence_async_shared()
@@ -193,17 +200,13 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
         # without a pending MMA; then two steps per iteration, so that the two accumulators
         # swap roles without copies
         raw = _load_tile(ws_page0 + start * WS_PAGE, tok_off, all_tok, LD)
-        k_smem.index(start % NUM_BUFFERS).store(_as_f16(raw))
-        raw = _load_tile(ws_page0 + gl.minimum(start + 1, end - 1) * WS_PAGE, tok_off, all_tok,
-                         LD)
+        raw = _fill(k_smem, start - 1, raw, ws_page0, end, tok_off, all_tok, LD)
         fence_async_shared()
         gl.thread_barrier()
         b = gl.zeros([BLOCK_M, PAGE], gl.float32, MMA)
         a = warpgroup_mma(q_op, k_smem.index(start % NUM_BUFFERS).permute((1, 0)), b,
                           use_acc=False, is_async=True)
-        k_smem.index((start + 1) % NUM_BUFFERS).store(_as_f16(raw))
-        raw = _load_tile(ws_page0 + gl.minimum(start + 2, end - 1) * WS_PAGE, tok_off, all_tok,
-                         LD)
+        raw = _fill(k_smem, start, raw, ws_page0, end, tok_off, all_tok, LD)
         fence_async_shared()
         gl.thread_barrier()
         for k in range(start + 1, end - 1, 2):
