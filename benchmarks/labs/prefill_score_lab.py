@@ -142,7 +142,7 @@ def main(argv=None) -> int:
                     ("fp16 ws", f16), ("fp16 ws st3", functools.partial(f16, 3)),
                     ("fp16 ws st4", functools.partial(f16, 4)),
                     ("fp16 ws w8", functools.partial(f16, 2, 8))]
-        if kw["KEEP"] == TOPK and kw["BLOCK_M"] in (64, 128):
+        if kw["KEEP"] == TOPK and kw["BLOCK_M"] in pw.LAYOUT_BLOCK_M:
             variants += [("gluon q-regs", functools.partial(gluon, True)),
                          ("gluon q-smem", functools.partial(gluon, False)),
                          ("gluon no-topk (SOL)", functools.partial(gluon, True, 1))]

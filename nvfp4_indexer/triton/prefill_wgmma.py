@@ -45,6 +45,7 @@ from .scan import block_rows_info, out_offsets
 from .topk import EMPTY, candidate_id, pack_candidate
 
 NUM_BUFFERS = gl.constexpr(3)  # fp16 page buffers (see the module doc)
+LAYOUT_BLOCK_M = (64, 128)  # BLOCK_M prefill_layouts builds (the launchers take 128 only)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,7 +58,7 @@ def prefill_layouts(block_m: int):
     page / query byte loads (16 bytes per thread), the top-k lists (a 16-column accumulator
     layout: a row's entries on the threads that hold its scores, 4 per thread), and the
     shared layouts of the query and of a page. Cached (host time per launch)."""
-    if block_m not in (64, 128):
+    if block_m not in LAYOUT_BLOCK_M:
         raise ValueError(f"block_m: the Gluon prefill kernel takes 64 or 128 rows, got {block_m}")
     warps = block_m // 16
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
