@@ -153,37 +153,46 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
-def compile_prefill_wgmma(*, heads=4, block_m=128, num_splits=4, q_in_regs=True, sol=0):
+def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0):
     """The Gluon prefill score kernel (``triton.prefill_wgmma``) for SM90, specialized as
-    ``prefill_indexer`` launches it (aligned query and workspace)."""
+    ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from nvfp4_indexer.triton.prefill_wgmma import prefill_layouts, prefill_wgmma_kernel
+    from nvfp4_indexer.triton.prefill_wgmma import (NUM_BUFFERS, launch_options,
+                                                    prefill_wgmma_kernel)
     fn = prefill_wgmma_kernel
-    consts = dict(H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, Q_IN_REGS=q_in_regs,
-                  SOL=sol, **prefill_layouts(block_m))
+    opts = dict(launch_options())
+    num_warps = opts.pop("num_warps")
+    consts = dict(H=heads, BLOCK_M=128, NUM_SPLITS=num_splits, SOL=sol,
+                  NB=NUM_BUFFERS if nb is None else nb, **opts)
     sig = {n: "constexpr" if n in consts else PREFILL_TYPES[n] for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "ws_ptr")}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": block_m // 16})
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
 def prefill_wgmma_report() -> list[str]:
-    """Registers, spills and the page loop (two pages per iteration) of the Gluon prefill
-    score kernel, per BLOCK_M and variant."""
+    """Registers (the launch's per-thread count; the partitions re-balance them with
+    ``setmaxnreg``), spills and the consumers' page loop (two pages per iteration) of the Gluon
+    prefill score kernel, per variant."""
     lines = []
-    for bm, q_regs, sol in ((128, True, 0), (128, False, 0), (128, True, 1), (64, True, 0)):
-        k = compile_prefill_wgmma(block_m=bm, q_in_regs=q_regs, sol=sol)
+    for ns, nb, sol in ((4, None, 0), (1, None, 0), (4, 3, 0), (4, None, 1)):
+        k = compile_prefill_wgmma(num_splits=ns, nb=nb, sol=sol)
         st = sass_stats(k)
-        page = [n for n, hg in st["loops"] if hg]
-        lines.append(f"prefill_wgmma BLOCK_M {bm:3d} query in {'registers' if q_regs else 'smem':9s}"
-                     f"{' SOL (no top-k)' if sol else ''}: {st['registers']} registers, "
-                     f"{st['spill_ops']} LDL/STL ({st['mma_loop_spill_ops']} in the page loop), "
-                     f"page loop body (2 pages) {page} SASS "
-                     f"instructions, {k.metadata.shared} B shared")
+        inner = [(n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16]
+        inner = sorted(inner)[:2]  # the two consumers' page loops (the workers' loop holds one)
+        page = [n for n, _ in inner]
+        ptx = k.asm["ptx"]
+        regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                                                   ptx)})
+        lines.append(f"prefill_wgmma NUM_SPLITS {ns} NB {nb or 'default'}"
+                     f"{' SOL (no top-k)' if sol else ''}: {st['registers']} registers at launch "
+                     f"(setmaxnreg {regs}), {st['spill_ops']} LDL/STL "
+                     f"({sum(sp for _, sp in inner)} in the page loops), consumer page loop "
+                     f"bodies (2 pages) {page} SASS instructions, {k.metadata.num_warps} warps, "
+                     f"{k.metadata.shared} B shared")
     return lines
 
 
@@ -258,7 +267,8 @@ def _tool(name: str) -> str:
 
 
 def sass_stats(kernel) -> dict:
-    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]``, F2FP count and
+    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]`` and the
+    LDL/STL in each (``loop_spills``), F2FP count and
     local-memory (spill) instructions of a compiled kernel's SASS (``spill_ops``; those inside
     loops that hold HGMMA: ``mma_loop_spill_ops``). ``local_bytes`` is the resource usage's
     ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``): ``spill_ops`` is the
@@ -274,7 +284,7 @@ def sass_stats(kernel) -> dict:
     labels = {m.group(1): i for i, ln in enumerate(lines)
               if (m := re.match(r"^(\.L_x_\d+):", ln))}
     is_ins = [bool(re.search(r"/\*[0-9a-f]{4,}\*/", ln)) for ln in lines]
-    loops = []
+    loops, loop_spills = [], []
     spill = [bool(re.search(r"\b(?:LDL|STL)\b", ln)) for ln in lines]
     mma_loop_spills = 0
     for i, ln in enumerate(lines):  # a backward branch closes a loop body
@@ -284,11 +294,13 @@ def sass_stats(kernel) -> dict:
             body = range(labels[m.group(1)], i + 1)
             loops.append((sum(is_ins[k] for k in body),
                           sum("HGMMA" in lines[k] for k in body)))
+            loop_spills.append(sum(spill[k] for k in body))
             if loops[-1][1]:
                 mma_loop_spills += sum(spill[k] for k in body)
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
             "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
-            "instructions": sum(is_ins), "loops": loops, "f2fp": sass.count("F2FP"),
+            "instructions": sum(is_ins), "loops": loops, "loop_spills": loop_spills,
+            "f2fp": sass.count("F2FP"),
             "spill_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
             "mma_loop_spill_ops": mma_loop_spills}
 

@@ -992,10 +992,9 @@ class Indexer:
             from .triton.launcher import CachedLaunch
             sk, mk = self._kernels
             if L["kernel"] == "wgmma":
-                from .triton.prefill_wgmma import prefill_layouts, prefill_wgmma_kernel
+                from .triton.prefill_wgmma import launch_options, prefill_wgmma_kernel
                 score = CachedLaunch(prefill_wgmma_kernel, H=self.config.num_heads,
-                                     BLOCK_M=block_m, NUM_SPLITS=ns,
-                                     **prefill_layouts(block_m), num_warps=block_m // 16)
+                                     BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
             else:
                 score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m,
                                      NUM_SPLITS=ns, DOT=self._dot, WINDOW=L["win"], KEEP=keep,

@@ -274,13 +274,13 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch):
     from nvfp4_indexer.triton import prefill as tp
     from nvfp4_indexer.triton import prefill_wgmma as pw
     from nvfp4_indexer.triton.launcher import CachedLaunch
-    real, real_layouts = pw.prefill_wgmma_kernel, pw.prefill_layouts
+    real, real_options = pw.prefill_wgmma_kernel, pw.launch_options()
     monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
     monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
     monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))  # this step's BLOCK_M
     monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
-    monkeypatch.setattr(pw, "prefill_layouts", lambda bm: dict(DOT="fp32", WINDOW=1, KEEP=16,
-                                                               TOKENS_N=False))
+    monkeypatch.setattr(pw, "launch_options", lambda: dict(DOT="fp32", WINDOW=1, KEEP=16,
+                                                           TOKENS_N=False))
     engine._prefill_launch.cache_clear()
     try:
         ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
@@ -290,13 +290,13 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch):
         md = ix.plan(step)
         kinds = []
         for ch in md.prefill_chunks:
-            sc, bm = ch.launch["score"], ch.launch["block_m"]
+            sc = ch.launch["score"]
             gluon = "num_stages" not in sc.kwargs  # the Gluon branch passes no num_stages
             kinds.append((gluon, ch.launch["score_grid"][1]))
             if gluon:
-                assert sc.kwargs["num_warps"] == bm // 16 and sc.kwargs["WINDOW"] == 1
+                assert sc.kwargs["WINDOW"] == 1
                 ref = CachedLaunch(real, H=H, BLOCK_M=128, NUM_SPLITS=ch.launch["ns"],
-                                   **real_layouts(128), num_warps=8)
+                                   **real_options)
                 assert ref.num_runtime == 3 + len(ch.launch["score_args"]) + 1
         assert kinds == [(True, 2), (False, 2)], kinds
         rows = sum(q_lens)

@@ -46,7 +46,12 @@ def test_dispatch_rule():
     assert big["kernel"] == "wgmma" and big["win"] == 1 and big["win_elems"] == 0
     assert big["scratch"] == 2 * big["cand"]
     tri = HZ.prefill_launch(512, 1023, 128, 132)
-    assert tri["kernel"] == "triton" and tri["win"] == 32 and tri["ns"] == big["ns"]
+    assert tri["kernel"] == "triton" and tri["win"] == 32 and tri["ns"] == 3
+    # its own split target: about 2 programs per SM, at least 2, at most the Triton rule's
+    assert big["ns"] == 2
+    assert HZ.prefill_launch(128, 1023, 128, 132, wgmma=True)["ns"] == 3  # Triton: 9
+    assert HZ.prefill_launch(2048, 1023, 128, 132, wgmma=True)["ns"] == 1  # Triton: 1
+    assert HZ.prefill_launch(512, 1023, 128, 132, num_splits=5, wgmma=True)["ns"] == 5
     assert HZ.prefill_launch(512, 1023, 64, 132, wgmma=True)["kernel"] == "triton"
     assert HZ.prefill_launch(512, 1023, 32, 132, wgmma=True)["kernel"] == "triton"
     assert HZ.prefill_launch(4, 9, 128, 132, num_splits=1, wgmma=True)["kernel"] == "wgmma"
@@ -65,13 +70,14 @@ def test_cap_counts_only_the_gluon_scratch():
     """Under a scratch cap (the Indexer's shared buffer) the Gluon launch keeps the splits whose
     candidates fit: the window scratch it does not use is not counted (it used to halve the
     splits for it, 3 -> 1 here)."""
-    tri = HZ.prefill_launch(512, 1023, 128, 132)
+    tri = HZ.prefill_launch(512, 1023, 128, 132, num_splits=3)
     cap = 2 * tri["cand"] + tri["win_elems"] - 1  # the Triton launch's scratch does not fit
-    assert tri["ns"] == 3 and HZ.prefill_launch(512, 1023, 128, 132, cap=cap)["ns"] == 1
-    g = HZ.prefill_launch(512, 1023, 128, 132, cap=cap, wgmma=True)
+    assert HZ.prefill_launch(512, 1023, 128, 132, num_splits=3, cap=cap)["ns"] == 1
+    g = HZ.prefill_launch(512, 1023, 128, 132, num_splits=3, cap=cap, wgmma=True)
     assert g["kernel"] == "wgmma" and g["ns"] == 3 and g["win"] == 1
     assert g["scratch"] == 2 * g["cand"] <= cap
-    g = HZ.prefill_launch(512, 1023, 128, 132, cap=2 * g["cand"] - 1, wgmma=True)
+    g = HZ.prefill_launch(512, 1023, 128, 132, num_splits=3, cap=2 * g["cand"] - 1,
+                          wgmma=True)
     assert g["kernel"] == "wgmma" and g["ns"] == 1 and g["scratch"] == 0
 
 
@@ -101,31 +107,30 @@ _COMPILE = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
 from benchmarks.sass_stats import compile_prefill_wgmma, sass_stats
-for bm in (64, 128):
-    for ns in (1, 4):
-        k = compile_prefill_wgmma(block_m=bm, num_splits=ns)  # the launchers' specialization
-        st = sass_stats(k)
-        mma = [m for _, m in st["loops"] if m]
-        print(bm, ns, st["registers"], st["mma_loop_spill_ops"], len(mma), max(mma),
-              k.metadata.shared)
+for ns in (1, 4):
+    k = compile_prefill_wgmma(num_splits=ns)  # the launchers' specialization
+    st = sass_stats(k)
+    inner = sorted((n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16)
+    ptx = k.asm["ptx"]
+    print(ns, st["registers"], k.metadata.num_warps, len(inner), sum(sp for _, sp in inner[:2]),
+          st["spill_ops"], ptx.count("setmaxnreg.dec.sync.aligned.u32 \t104"),
+          ptx.count("setmaxnreg.dec.sync.aligned.u32 \t200"), k.metadata.shared)
 '''
 
 
 def test_compiles_offline_for_sm90():
-    """sm_90a, no GPU, as the launchers specialize it (query in registers): one page loop
-    holding two pages' MMAs (2 x 8 wgmma k-steps per warpgroup), the query and three page
-    buffers in shared memory (the module doc's buffer argument needs three); at BLOCK_M 128
-    (the dispatched one) no spill instruction inside the page loop (3-9 outside it) -- at 64
-    rows the loop spills, which is why the launchers take 128 only."""
+    """sm_90a, no GPU, as the launchers specialize it: 12 warps at 168 registers, re-balanced
+    to 200 per consumer thread and 104 per converter thread; each consumer's page loop holds
+    two pages' MMAs (2 x 8 wgmma k-steps) and no spill instruction (a few outside the loops
+    with one split: the final selection); six fp16 page buffers in shared memory."""
     assert HZ.PREFILL_WGMMA_BLOCK_M == (128,)
     lines = _offline(_COMPILE)
-    assert len(lines) == 4, lines
+    assert len(lines) == 2, lines
     for ln in lines:
-        bm, _, regs, spills, loops, mma, shared = map(int, ln.split())
-        assert regs <= 255 and loops == 1 and mma == 16, ln
-        assert shared >= 3 * 128 * 128 * 2 + bm * 128 * 2, ln
-        if bm == 128:
-            assert spills == 0, ln
+        ns, regs, warps, loops, loop_spills, spills, conv, cons, shared = map(int, ln.split())
+        assert regs == 168 and warps == 12 and loops >= 2 and loop_spills == 0, ln
+        assert conv >= 1 and cons >= 1 and spills <= 8, ln
+        assert shared >= 6 * 128 * 128 * 2, ln
 
 
 @pytest.mark.gpu
@@ -186,13 +191,13 @@ def _twin_in_its_place(monkeypatch):
     replaced by the Triton twin under its contract (window 1, KEEP 16, no window scratch).
     Returns the list of the launches' ``(grid, BLOCK_M, NUM_SPLITS)``."""
     from nvfp4_indexer.triton import prefill_wgmma as PW
-    layouts = set(PW.prefill_layouts(64))  # the real kernel's layout constexprs
+    options = PW.launch_options()  # the real kernel's layout constexprs and num_warps
     calls = []
 
     class Twin:
         def __getitem__(self, grid):
-            def launch(*args, H, BLOCK_M, NUM_SPLITS, num_warps, **kw):
-                assert set(kw) == layouts and num_warps == BLOCK_M // 16, (kw, num_warps)
+            def launch(*args, H, BLOCK_M, NUM_SPLITS, **kw):
+                assert kw == options, kw
                 assert grid[1] == NUM_SPLITS and BLOCK_M in HZ.PREFILL_WGMMA_BLOCK_M
                 cand, win = args[11], args[12]
                 rows = grid[0] * BLOCK_M * NUM_SPLITS * 16

@@ -8,10 +8,11 @@ is recorded, cases of one chunk only); then that launch is timed alone in CUDA-g
 stages, and against the same kernel reading an **fp16 copy of the workspace** (no E4M3 -> fp16
 conversion in the page loop: Triton then pipelines each page straight into shared memory as
 the MMA's operand) at 2 / 3 / 4 stages and 8 warps, and against the Gluon kernel
-(``triton.prefill_wgmma``: page MMAs overlapped with the epilogues) with the query in registers
-or shared memory, and its speed-of-light variant without top-k inserts (its candidates are
-wrong by design). Every variant's candidate scratch (and output) is
-compared with the default launch's (lists as sets), bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
+(``triton.prefill_wgmma``: warp-specialized, page MMAs overlapped with the epilogues) with 6 /
+3 / 4 ring buffers, its speed-of-light variant without top-k inserts (its candidates are
+wrong by design) and other split counts (timed on their own scratch, not compared). Every
+other variant's candidate scratch (and output) is compared with the default launch's (lists
+as sets), bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
 rate measured in the same run.
 """
 
@@ -27,6 +28,7 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
 from nvfp4_indexer.triton import PrefillConfig
 from nvfp4_indexer.triton import prefill as tp
+from nvfp4_indexer.triton import heuristics as hz
 from nvfp4_indexer.triton import prefill_wgmma as pw
 from nvfp4_indexer.triton.layout import HEAD, PAGE, scored_pages, split_range
 from nvfp4_indexer.triton.operands import load_q_rows
@@ -132,20 +134,27 @@ def main(argv=None) -> int:
             b[3] = ws16
             _score16_kernel[grid](*b, **{**kw, "num_stages": stages, "num_warps": warps})
 
-        def gluon(q_regs, sol=0):
-            bm = kw["BLOCK_M"]
-            pw.prefill_wgmma_kernel[grid](
-                *a, H=kw["H"], BLOCK_M=bm, NUM_SPLITS=kw["NUM_SPLITS"], Q_IN_REGS=q_regs,
-                SOL=sol, **pw.prefill_layouts(bm), num_warps=bm // 16)
+        def gluon(nb=pw.NUM_BUFFERS, sol=0, ns=None):
+            b, g = a, grid
+            if ns is not None:  # its own scratch and output: not compared
+                b = list(a)
+                b[11] = torch.empty(grid[0] * kw["BLOCK_M"] * ns * TOPK, dtype=torch.int64,
+                                    device=cand.device)
+                b[13] = torch.empty_like(res)
+                g = (grid[0], ns)
+            pw.prefill_wgmma_kernel[g](*b, H=kw["H"], BLOCK_M=kw["BLOCK_M"],
+                                       NUM_SPLITS=g[1], NB=nb, SOL=sol, **pw.launch_options())
 
         variants = [("st2", base), ("st3", functools.partial(base, 3)),
                     ("fp16 ws", f16), ("fp16 ws st3", functools.partial(f16, 3)),
                     ("fp16 ws st4", functools.partial(f16, 4)),
                     ("fp16 ws w8", functools.partial(f16, 2, 8))]
-        if kw["KEEP"] == TOPK and kw["BLOCK_M"] in pw.LAYOUT_BLOCK_M:
-            variants += [("gluon q-regs", functools.partial(gluon, True)),
-                         ("gluon q-smem", functools.partial(gluon, False)),
-                         ("gluon no-topk (SOL)", functools.partial(gluon, True, 1))]
+        if kw["KEEP"] == TOPK and kw["BLOCK_M"] in hz.PREFILL_WGMMA_BLOCK_M:
+            variants += [("gluon", gluon), ("gluon nb3", functools.partial(gluon, 3)),
+                         ("gluon nb4", functools.partial(gluon, 4)),
+                         ("gluon no-topk (SOL)", functools.partial(gluon, sol=1))]
+            variants += [(f"gluon splits {ns} (not compared)", functools.partial(gluon, ns=ns))
+                         for ns in (1, 2, 3, 4, 6) if ns != kw["NUM_SPLITS"]]
         for name, fn in variants:
             if only and not any(name.startswith(x) for x in only):
                 continue

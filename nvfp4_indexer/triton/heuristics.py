@@ -41,7 +41,8 @@ SCORES_MAX_BLOCK_M = 64  # (token, head) rows per page_scores program
 PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
 PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel takes 3 stages
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
-PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel is dispatched at (64 spills)
+PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
+PREFILL_WGMMA_PROGRAMS_PER_SM = 2  # its split target (one CTA per SM), at least 2 splits
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
@@ -201,9 +202,10 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         num_splits / window: overrides (``PrefillConfig``). cap: float32 elements the scratch
         may take; fewer splits (then window 1) until it fits (engine's shared buffer).
         wgmma: the Gluon kernel may run (``prefill_wgmma_ok``): a chunk whose splits keep 16
-        candidates (> 8 pages) with BLOCK_M in ``PREFILL_WGMMA_BLOCK_M`` takes it; it
-        inserts every page's candidates directly (window 1, no window scratch: ``cap``
-        counts only its candidates).
+        candidates (> 8 pages) with BLOCK_M in ``PREFILL_WGMMA_BLOCK_M`` takes it, with
+        fewer default splits (``PREFILL_WGMMA_PROGRAMS_PER_SM`` per SM, at least 2, at most
+        the Triton kernel's); it inserts every page's candidates directly (window 1, no
+        window scratch: ``cap`` counts only its candidates).
     Returns:
         dict ``ns, keep, win, block_m, cand`` (int64 candidate elements, 0 unsplit),
         ``win_elems`` (fp32 window elements, 0 for window 1), ``scratch`` (float32 elements:
@@ -216,6 +218,11 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         ns = 1
     else:
         ns = num_splits or prefill_num_splits(num_blocks, score_pages, num_sms)
+        if (num_splits is None and wgmma and block_m in PREFILL_WGMMA_BLOCK_M
+                and keep_for_pages(cdiv(score_pages, ns)) == TOPK):
+            # one CTA of 12 warps per SM: about two waves (H200: 2-4 splits within 1 % at
+            # 512 row blocks, 2-4 up to 8 % faster than 9 at 128; docs/benchmarks.md)
+            ns = min(ns, max(2, cdiv(PREFILL_WGMMA_PROGRAMS_PER_SM * num_sms, num_blocks)))
     force_win1 = False
     while True:
         per = cdiv(max(score_pages, 1), ns)  # pages of the longest split

@@ -26,9 +26,10 @@ writes SPEC 5's output. With one split the score kernel writes the output itself
 
 On CUDA SM90 with dot fp16 a chunk whose splits have > 8 pages (KEEP 16), with BLOCK_M 128, is
 scored by the Gluon twin ``prefill_wgmma.prefill_wgmma_kernel`` instead (same arguments and
-results; its page MMAs overlap the epilogues and it inserts each page's candidates directly,
-without the window scratch; ``heuristics.prefill_launch``'s ``kernel``,
-``PrefillConfig.kernel``).
+results; warp-specialized: a converter partition widens the pages into a shared-memory ring
+while two consumer partitions overlap their page MMAs with the epilogues, and it inserts each
+page's candidates directly, without the window scratch; ``heuristics.prefill_launch``'s
+``kernel`` and split rule, ``PrefillConfig.kernel``).
 
 Both kernels read request r's seq len as ``max(min(seq_lens[r], caps[r]), 0)``
 (``scan.block_rows_info``): ``caps`` are the seq lens the host planned with (the engine's
@@ -196,10 +197,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                 seq_lens, blocks, nb, cand, scratch, out)
         with device_guard(dev):
             if launch["kernel"] == "wgmma":
-                from .prefill_wgmma import prefill_layouts, prefill_wgmma_kernel
-                prefill_wgmma_kernel[(nb, ns)](
-                    *args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, **prefill_layouts(block_m),
-                    num_warps=block_m // 16)
+                from .prefill_wgmma import launch_options, prefill_wgmma_kernel
+                prefill_wgmma_kernel[(nb, ns)](*args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
+                                               **launch_options())
             else:
                 _prefill_score_kernel[(nb, ns)](
                     *args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, DOT=dot, WINDOW=win, KEEP=keep,
