@@ -1,5 +1,13 @@
 """Prefill suite: ``nvfp4_indexer.triton.prefill.prefill_indexer`` timed eagerly with an L2
-flush before each call, and the public API call (``api_us``) (``suites`` runs it)."""
+flush before each call, the public API call (``api_us``), and the engine path: the same
+requests as one prefill-only step of an ``Indexer`` (``plan`` outside the timing, ``forward``
+eagerly after an L2 flush: ``indexer_us``; the planned forward captured in a CUDA graph, one
+replay after an L2 flush, i.e. its kernels without host overhead: ``indexer_kernels_us``)
+(``suites`` runs it).
+
+The stateless entry points read the metadata back from the device and plan on the host while
+the device idles (SPEC 7 allows the sync): 0.2-1 ms per call on the H200's host, which is what
+separates ``us`` from ``indexer_us`` on all but the largest cases."""
 
 from __future__ import annotations
 
@@ -63,4 +71,40 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
         q, cache, bt, cu, seq, max_gather_pages=mgp, out=out, backend=ctx.fast_backend)
         for bt in tables], max_samples=5)
     rec["api_us"] = api.us
+    _indexer_times(ctx, case, rec, q, tables[0], sl, out0)
     return _finish(ctx, rec, t, tr.bytes_moved, tr.flops)
+
+
+def _indexer_times(ctx: Context, case: wl.PrefillCase, rec: dict, q, block_table, sl,
+                   expect) -> None:
+    """``indexer_us`` / ``indexer_kernels_us`` (and their 16-bit matmul ratios) of the case as
+    one prefill-only ``Indexer`` step; ``indexer_rows_equal``: its rows against ``expect``."""
+    dev, cache = ctx.device, ctx.pool.cache
+    cu = case.cu_seqlens_q()
+    config = ni.IndexerConfig(case.num_heads, max(sl), case.new_tokens, case.num_reqs,
+                              device=dev)
+    ix = ni.Indexer(config, backend=ctx.fast_backend)
+    qsl = torch.tensor(cu, dtype=torch.int32)
+    seq_cpu = torch.tensor(sl, dtype=torch.int32)
+    pin = dev.type == "cuda"
+    width = config.max_pages
+    bt = block_table[:, :width] if block_table.shape[1] >= width else torch.nn.functional.pad(
+        block_table, (0, width - block_table.shape[1]))
+    step = ni.StepMetadata(qsl.to(dev), qsl.pin_memory() if pin else qsl, seq_cpu.to(dev),
+                           seq_cpu.pin_memory() if pin else seq_cpu, bt, 0)
+    out = torch.full((case.new_tokens, case.num_heads, TOPK), POISON, dtype=torch.int32,
+                     device=dev)
+    md = ix.plan(step)
+
+    def fwd():
+        ix.forward(q, cache, md, out)
+    fwd()
+    sync(dev)
+    rec["indexer_rows_equal"] = float((out == expect).all(dim=-1).float().mean())
+    rec["indexer_chunks"] = len(md.prefill_chunks)
+    t = ctx.time_uncapturable([fwd])
+    k = ctx.time_capturable_single([fwd])
+    rec["indexer_us"], rec["indexer_kernels_us"] = t.us, k.us
+    for key, us in (("indexer_mm16_ratio", t.us), ("indexer_kernels_mm16_ratio", k.us)):
+        rec[key] = (rec["flops"] / (us * 1e-6) / 1e12 / ctx.mm16_tflops
+                    if ctx.mm16_tflops and us else None)

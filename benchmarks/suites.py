@@ -7,7 +7,9 @@ Paths timed (GPU):
 - prefill: the Triton entry point the public API dispatches to
   (``nvfp4_indexer.triton.prefill.prefill_indexer``), timed eagerly with an L2 flush before
   each call (it plans on the host from device values, so it cannot be captured); the public
-  API call (validation included) is timed too (``api_us``).
+  API call (validation included) is timed too (``api_us``), and the same requests as one
+  prefill-only ``Indexer`` step (``plan`` outside, ``forward`` eager after a flush:
+  ``indexer_us``; the planned forward replayed from a CUDA graph: ``indexer_kernels_us``).
 - gather: the kernel launcher ``nvfp4_indexer.triton.gather.gather_into`` captured in CUDA
   graphs over rotated block tables, each slot with its own workspace; the public
   ``gather_index_k_fp8`` (which sizes the workspace with a host sync) eagerly (``api_us``).

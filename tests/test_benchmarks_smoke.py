@@ -295,6 +295,9 @@ def test_cpu_smoke_end_to_end(tmp_path):
                 assert rec["out_fully_written"] and rec["rows_equal_reference"] == 1.0
                 # n16_c0_r1 scores no history token: no FLOPs, no ratio
                 assert (rec["mm16_ratio"] > 0) if rec["flops"] else rec["mm16_ratio"] is None
+                # the same requests as one Indexer step: same rows, both timings
+                assert rec["indexer_rows_equal"] == 1.0 and rec["indexer_chunks"] >= 1
+                assert rec["indexer_us"] > 0 and rec["indexer_kernels_us"] > 0
             elif suite == "gather":
                 assert rec["equal_reference"] and rec["workspace_pages"] == rec["history_pages"]
             elif suite == "engine":
