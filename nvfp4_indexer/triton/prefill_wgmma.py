@@ -44,7 +44,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .layout import HEAD, HISTORY, PAGE, TOPK, WS_PAGE, scored_pages, split_range
+from .layout import (HEAD, HISTORY, PAGE, TOPK, WS_PAGE, scored_pages, split_range,
+                     ws_page_offset)
 from .scan import block_rows_info, out_offsets
 from .topk import EMPTY, candidate_id, pack_candidate
 
@@ -108,15 +109,15 @@ def _converter(ws_page0, start, end, k_smem, full, empty, LD: gl.constexpr,
     if end > start:
         tok = gl.arange(0, HALF, layout=gl.SliceLayout(1, LD)).to(gl.int64) * HEAD
         all_tok = tok >= 0
-        lo = _load_tile(ws_page0 + start * WS_PAGE, tok, all_tok, LD)
+        lo = _load_tile(ws_page0 + ws_page_offset(start), tok, all_tok, LD)
         for kk in range(0, end - start):
             i = kk % NB
-            page = ws_page0 + (start + kk) * WS_PAGE
+            page = ws_page0 + ws_page_offset(start + kk)
             hi = _load_tile(page + HALF * HEAD, tok, all_tok, LD)
             mbarrier.wait(empty.index(i), ((kk // NB) & 1) ^ 1)
             buf = k_smem.index(i)
             buf.slice(0, HALF).store(_as_f16(lo))
-            nxt = ws_page0 + gl.minimum(start + kk + 1, end - 1) * WS_PAGE
+            nxt = ws_page0 + ws_page_offset(gl.minimum(start + kk + 1, end - 1))
             lo = _load_tile(nxt, tok, all_tok, LD)
             buf.slice(HALF, HALF).store(_as_f16(hi))
             fence_async_shared()
