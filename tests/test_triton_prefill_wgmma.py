@@ -163,6 +163,25 @@ def test_compiles_offline_for_sm90():
         assert shared >= 6 * 128 * 128 * 2, ln
 
 
+_COMPILE_NB1 = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+from benchmarks.sass_stats import compile_prefill_wgmma
+try:
+    compile_prefill_wgmma(nb=1)
+    print("compiled")
+except Exception as e:
+    print("refused", "NB >= 2" in str(e))
+'''
+
+
+def test_one_ring_buffer_is_refused():
+    """The lab knob NB (ring buffers) below 2 is refused at compile time: with one buffer a
+    consumer releases page k - 1 only after waiting for page k, which the converter writes
+    into that same buffer only after the release: a deadlock on the GPU."""
+    assert _offline(_COMPILE_NB1) == ["refused True"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_CUDA and HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)),
                     reason="needs a CUDA SM90 GPU with Gluon")

@@ -231,9 +231,11 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
     candidates ``[num_blocks * BLOCK_M, NUM_SPLITS, 16]`` (NUM_SPLITS > 1), ``out_ptr`` int32
     ``[Tp, H, 16]`` (NUM_SPLITS == 1); ``win_ptr`` is not read (no window). The caller
     guarantees KEEP == 16 (more than 8 pages per split), dot fp16 with tokens on N, and a
-    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers) and
+    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers, >= 2) and
     ``SOL`` (1: no top-k inserts, wrong lists)."""
     gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
+    # one buffer deadlocks: page k - 1's buffer is released only after page k's full wait
+    gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
     blk = gl.program_id(0)
     split = gl.program_id(1)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TL))
