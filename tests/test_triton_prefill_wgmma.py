@@ -4,8 +4,8 @@ CPU: which chunks take it (``heuristics.prefill_launch``'s ``kernel``; only thos
 splits keep 16 candidates, with BLOCK_M 128, on SM90 with dot fp16 and tokens on N),
 ``PrefillConfig.kernel`` checks, the scratch cap, ``prefill_indexer``'s Gluon branch with the
 twin in the kernel's place (the Indexer's: ``tests/test_engine.py``), int64 workspace page
-offsets, and an offline sm_90a compile (no spills in the page loop, both pages' MMAs of an
-iteration in it). Its semantics
+offsets, and an offline sm_90a compile (12 warps re-balanced by ``setmaxnreg``, no spills in
+the two consumers' page loops, both pages' MMAs of an iteration in each). Its semantics
 run on the CPU through the Triton twin (``prefill._prefill_score_kernel``,
 ``tests/test_triton_scoring.py``).
 GPU (SM90): the Gluon kernel against the Triton twin row for row (poisoned outputs, NaN
