@@ -3,8 +3,9 @@
 CPU: which chunks take it (``heuristics.prefill_launch``'s ``kernel``; only those whose
 splits keep 16 candidates, with BLOCK_M 128, on SM90 with dot fp16 and tokens on N),
 ``PrefillConfig.kernel`` checks, the scratch cap, ``prefill_indexer``'s Gluon branch with the
-twin in the kernel's place (the Indexer's: ``tests/test_engine.py``), and an offline sm_90a
-compile (no spills in the page loop, both pages' MMAs of an iteration in it). Its semantics
+twin in the kernel's place (the Indexer's: ``tests/test_engine.py``), int64 workspace page
+offsets, and an offline sm_90a compile (12 warps re-balanced by ``setmaxnreg``, no spills in
+the two consumers' page loops, both pages' MMAs of an iteration in each). Its semantics
 run on the CPU through the Triton twin (``prefill._prefill_score_kernel``,
 ``tests/test_triton_scoring.py``).
 GPU (SM90): the Gluon kernel against the Triton twin row for row (poisoned outputs, NaN
@@ -33,8 +34,12 @@ from test_triton_scoring import (  # noqa: F401  (sets TRITON_INTERPRET before t
     random_q,
 )
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from conformance.fixtures import OUT_POISON  # noqa: E402
 from nvfp4_indexer import reference as ref  # noqa: E402
+from nvfp4_indexer.triton.layout import ws_page_offset  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
@@ -103,6 +108,31 @@ def test_kernel_knob_checked():
         assert (out == OUT_POISON).all()
 
 
+@triton.jit
+def _ws_offsets_kernel(j_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, ws_page_offset(tl.load(j_ptr + i)))
+
+
+def test_workspace_page_offsets_are_int64():
+    """SPEC 10: page j of a request's workspace lies ``j * 16384`` bytes past its first page; in
+    int32 that wraps from page 131072 on (a 16M-token history, within the int32 seq lens the
+    API takes) and both scorers would read before the workspace. They take the offset from
+    ``layout.ws_page_offset`` (int64, checked here in the interpreter) and multiply no page
+    index by ``WS_PAGE`` themselves (the Gluon kernel's converter is the one that loads pages)."""
+    import inspect
+
+    from nvfp4_indexer.triton import prefill_wgmma as PW
+    pages = [0, 1, 131071, 131072, 131073, 2**24, 2**31 - 1]
+    j = torch.tensor(pages + [0], dtype=torch.int32, device=DEV)
+    out = torch.zeros(8, dtype=torch.int64, device=DEV)
+    _ws_offsets_kernel[(1,)](j, out, N=8)
+    assert out.tolist()[:len(pages)] == [p * 128 * 128 for p in pages]
+    for fn in (PREFILL._ws_page_scores, PW._converter):
+        src = inspect.getsource(fn.fn)
+        assert "ws_page_offset(" in src and "* WS_PAGE" not in src, fn
+
+
 _COMPILE = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
@@ -131,6 +161,25 @@ def test_compiles_offline_for_sm90():
         assert regs == 168 and warps == 12 and loops >= 2 and loop_spills == 0, ln
         assert conv >= 1 and cons >= 1 and spills <= 8, ln
         assert shared >= 6 * 128 * 128 * 2, ln
+
+
+_COMPILE_NB1 = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+from benchmarks.sass_stats import compile_prefill_wgmma
+try:
+    compile_prefill_wgmma(nb=1)
+    print("compiled")
+except Exception as e:
+    print("refused", "NB >= 2" in str(e))
+'''
+
+
+def test_one_ring_buffer_is_refused():
+    """The lab knob NB (ring buffers) below 2 is refused at compile time: with one buffer a
+    consumer releases page k - 1 only after waiting for page k, which the converter writes
+    into that same buffer only after the release: a deadlock on the GPU."""
+    assert _offline(_COMPILE_NB1) == ["refused True"]
 
 
 @pytest.mark.gpu

@@ -49,6 +49,14 @@ def scored_pages(n_pages):
 
 
 @triton.jit
+def ws_page_offset(j):
+    """int64 byte offset of page ``j`` of a request's FP8 workspace pages (SPEC 7): in int32,
+    ``j * 16384`` wraps from page 131072 on (a 16M-token history), and the scorer would read
+    before its workspace (SPEC 10)."""
+    return tl.cast(j, tl.int64) * WS_PAGE  # j may be a Python int under the interpreter
+
+
+@triton.jit
 def split_range(n_pages, split, NUM_SPLITS: tl.constexpr):
     """``[start, end)`` of split ``split``: the s-th of NUM_SPLITS ranges of
     ``ceil(n_pages / NUM_SPLITS)`` pages (the last ones may be short or empty)."""

@@ -55,7 +55,7 @@ from .config import PrefillConfig, check_config
 from .dot_modes import resolve_dot
 from .gather import gather_into
 from .heuristics import TOKENS_ON_N_DOTS, plan_row_blocks
-from .layout import WS_PAGE, scored_pages, split_range
+from .layout import WS_PAGE, scored_pages, split_range, ws_page_offset
 from .numerics import device_guard, portable_default
 from .operands import load_q_rows, load_q_t
 from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan_pages
@@ -103,9 +103,9 @@ def _ws_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexp
     ws_page0, = page_src
     q_op, = q_ops
     if TOKENS_N:
-        return fp8_page_scores_n(ws_page0 + j * WS_PAGE, q_op, DOT)
+        return fp8_page_scores_n(ws_page0 + ws_page_offset(j), q_op, DOT)
     else:
-        return fp8_page_scores(ws_page0 + j * WS_PAGE, q_op, DOT)
+        return fp8_page_scores(ws_page0 + ws_page_offset(j), q_op, DOT)
 
 
 @triton.jit(do_not_specialize=["num_blocks"], do_not_specialize_on_alignment=_SEQ_PTRS)

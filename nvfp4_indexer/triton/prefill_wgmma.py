@@ -44,7 +44,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .layout import HEAD, HISTORY, PAGE, TOPK, WS_PAGE, scored_pages, split_range
+from .layout import (HEAD, HISTORY, PAGE, TOPK, WS_PAGE, scored_pages, split_range,
+                     ws_page_offset)
 from .scan import block_rows_info, out_offsets
 from .topk import EMPTY, candidate_id, pack_candidate
 
@@ -108,15 +109,15 @@ def _converter(ws_page0, start, end, k_smem, full, empty, LD: gl.constexpr,
     if end > start:
         tok = gl.arange(0, HALF, layout=gl.SliceLayout(1, LD)).to(gl.int64) * HEAD
         all_tok = tok >= 0
-        lo = _load_tile(ws_page0 + start * WS_PAGE, tok, all_tok, LD)
+        lo = _load_tile(ws_page0 + ws_page_offset(start), tok, all_tok, LD)
         for kk in range(0, end - start):
             i = kk % NB
-            page = ws_page0 + (start + kk) * WS_PAGE
+            page = ws_page0 + ws_page_offset(start + kk)
             hi = _load_tile(page + HALF * HEAD, tok, all_tok, LD)
             mbarrier.wait(empty.index(i), ((kk // NB) & 1) ^ 1)
             buf = k_smem.index(i)
             buf.slice(0, HALF).store(_as_f16(lo))
-            nxt = ws_page0 + gl.minimum(start + kk + 1, end - 1) * WS_PAGE
+            nxt = ws_page0 + ws_page_offset(gl.minimum(start + kk + 1, end - 1))
             lo = _load_tile(nxt, tok, all_tok, LD)
             buf.slice(HALF, HALF).store(_as_f16(hi))
             fence_async_shared()
@@ -230,9 +231,11 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
     candidates ``[num_blocks * BLOCK_M, NUM_SPLITS, 16]`` (NUM_SPLITS > 1), ``out_ptr`` int32
     ``[Tp, H, 16]`` (NUM_SPLITS == 1); ``win_ptr`` is not read (no window). The caller
     guarantees KEEP == 16 (more than 8 pages per split), dot fp16 with tokens on N, and a
-    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers) and
+    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers, >= 2) and
     ``SOL`` (1: no top-k inserts, wrong lists)."""
     gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
+    # one buffer deadlocks: page k - 1's buffer is released only after page k's full wait
+    gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
     blk = gl.program_id(0)
     split = gl.program_id(1)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TL))
