@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated prefixes: run only the "
-                    "variants whose name starts with one (e.g. 'st3,gluon')")
+                    "variants whose name starts with one (e.g. 'st3,gluon'); a trailing '$' "
+                    "asks for that exact name (e.g. 'gluon$')")
     ap.add_argument("--cases", type=int, default=4, help="the first N of the four cases")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
@@ -156,7 +157,8 @@ def main(argv=None) -> int:
             variants += [(f"gluon splits {ns} (not compared)", functools.partial(gluon, ns=ns))
                          for ns in (1, 2, 3, 4, 6) if ns != kw["NUM_SPLITS"]]
         for name, fn in variants:
-            if only and not any(name.startswith(x) for x in only):
+            if only and not any(name == x[:-1] if x.endswith("$") else name.startswith(x)
+                                for x in only):
                 continue
             def run(name=name, fn=fn):
                 cand.fill_(-1)
