@@ -44,7 +44,7 @@ def _ws16_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.conste
     ws_page0, = page_src
     q_op, = q_ops
     t = tl.arange(0, PAGE)[:, None]
-    k = tl.load(ws_page0 + j * (PAGE * HEAD) + t * HEAD + tl.arange(0, HEAD)[None, :])
+    k = tl.load(ws_page0 + j.to(tl.int64) * (PAGE * HEAD) + t * HEAD + tl.arange(0, HEAD)[None, :])
     acc = tl.dot(q_op, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
     return tl.max(acc, 1)
 
@@ -169,6 +169,8 @@ def main(argv=None) -> int:
                 same = bool(torch.equal(cand.view(-1, kw["KEEP"]).sort(-1).values,
                                         cand0.view(-1, kw["KEEP"]).sort(-1).values)) and (
                     kw["NUM_SPLITS"] > 1 or bool(torch.equal(res, res0)))
+                if "not compared" in name:  # wrote its own scratch
+                    same = None
                 t = ctx.time_capturable([fn])
                 tf = flops / (t.us * 1e-6) / 1e12
                 kl._record("score", case.name, name, t.us, tf, "TFLOP/s", same,
