@@ -87,11 +87,9 @@ def _indexer_times(ctx: Context, case: wl.PrefillCase, rec: dict, q, block_table
     qsl = torch.tensor(cu, dtype=torch.int32)
     seq_cpu = torch.tensor(sl, dtype=torch.int32)
     pin = dev.type == "cuda"
-    width = config.max_pages
-    bt = block_table[:, :width] if block_table.shape[1] >= width else torch.nn.functional.pad(
-        block_table, (0, width - block_table.shape[1]))
+    # the case's block table is config.max_pages wide already (both from max(sl))
     step = ni.StepMetadata(qsl.to(dev), qsl.pin_memory() if pin else qsl, seq_cpu.to(dev),
-                           seq_cpu.pin_memory() if pin else seq_cpu, bt, 0)
+                           seq_cpu.pin_memory() if pin else seq_cpu, block_table, 0)
     out = torch.full((case.new_tokens, case.num_heads, TOPK), POISON, dtype=torch.int32,
                      device=dev)
     md = ix.plan(step)

@@ -221,7 +221,7 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         if (num_splits is None and wgmma and block_m in PREFILL_WGMMA_BLOCK_M
                 and keep_for_pages(cdiv(score_pages, ns)) == TOPK):
             # one CTA of 12 warps per SM: about two waves (H200: 2-4 splits within 1 % at
-            # 512 row blocks, 2-4 up to 8 % faster than 9 at 128; docs/benchmarks.md)
+            # 512 row blocks, 2-4 up to 9 % faster than 9 at 128; docs/benchmarks.md)
             ns = min(ns, max(2, cdiv(PREFILL_WGMMA_PROGRAMS_PER_SM * num_sms, num_blocks)))
     force_win1 = False
     while True:

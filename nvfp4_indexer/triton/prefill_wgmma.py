@@ -31,7 +31,8 @@ list's entries stay distinct and an insert replaces the one entry equal to the r
 (no first-column search); the sentinels become ``EMPTY`` before the lists are written.
 Products are exact and accumulate in fp32 in the same wgmma K order as the twin's ``tl.dot``.
 Registers: the consumers 200 each, the converter 104 (launched with 4 warps, 12 in all:
-``launch_options``); no spills (``python -m benchmarks.sass_stats --prefill-wgmma``).
+``launch_options``); no spills in the page loops (a few in the one-split final selection;
+``python -m benchmarks.sass_stats --prefill-wgmma``).
 """
 
 from __future__ import annotations
