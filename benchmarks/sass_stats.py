@@ -102,7 +102,8 @@ def compile_insert(*, rotary_dim=64, block_t=4, num_warps=1):
 
 WGMMA_TYPES = dict(q_ptr="*u8", q_row_stride="i64", q_head_stride="i64", cache_ptr="*u8",
                    page_stride16="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
-                   width="i32", seq_lens_ptr="*i32", tbl_ptr="*i64", scores_ptr="*fp32")
+                   width="i32", seq_lens_ptr="*i32", tbl_ptr="*i64", scores_ptr="*fp32",
+                   num_reqs="i32", num_programs="i32")
 
 
 def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
@@ -127,7 +128,7 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
+def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0):
     """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
     ``sm_<arch>`` (a ``triton.compile`` result), at the launcher's register cap unless
     ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache gets it (the
@@ -142,8 +143,8 @@ def compile_mma(*, q_len=8, heads=4, num_splits=8, maxnreg=None, arch=90):
     from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
     rows = block_rows(q_len, heads)
     cl, mma, ql, scl = mma_layouts(rows)
-    consts = dict(Q=q_len, H=heads, N=rows, NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql,
-                  SCL=scl, STAGES=MMA_STAGES)
+    consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
+                  CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES, LAB=lab)
     fn = mma_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
     aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
@@ -204,12 +205,14 @@ def mma_report(arch: int = 90) -> list[str]:
     for q_len, heads in ((8, 4), (4, 4), (1, 4), (8, 8)):
         k = compile_mma(q_len=q_len, heads=heads, arch=arch)
         st = sass_stats(k)
-        sass_loops = [n for n, _ in st["loops"]]
+        # the page loop is the innermost big loop: the request loop around it is larger
+        page_n, page_spills = min((n, sp) for (n, _), sp in zip(st["loops"], st["loop_spills"])
+                                  if n >= 256)
         ptx = k.asm["ptx"]
         lines.append(f"mma sm_{arch} Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
                      f"{st['registers']} registers, {st['local_bytes']} B local, "
-                     f"{st['spill_ops']} LDL/STL, page loop "
-                     f"body {max(sass_loops)} SASS instructions, "
+                     f"{st['spill_ops']} LDL/STL ({page_spills} in the page loop), page loop "
+                     f"body {page_n} SASS instructions, "
                      f"{ptx.count('mma.sync.aligned')} mma.sync, "
                      f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
                      f"{k.metadata.shared} B shared")

@@ -18,6 +18,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from test_triton_scoring import (  # noqa: F401  (sets TRITON_INTERPRET before the kernels)
     DECODE,
@@ -125,6 +127,63 @@ def test_decode_lut_twin_matches_reference(q_len, heads, num_splits, dequant):
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
     assert_guards(big)
     decode_check(batch, q, q_len, out, runner.error_bits, aliases)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(1, 70))
+def test_flat_partition_scores_every_page_once(counts, programs):
+    """The flat partition of the "mma" / "lut" scorers (``flat_partition``): every page of
+    every request in exactly one program's segments, segments inside their request, program
+    loads differing by at most one page, each program's segments in request order."""
+    parts = WG.flat_partition(counts, programs)
+    assert len(parts) == programs
+    seen = [[0] * n for n in counts]
+    loads = []
+    for segs in parts:
+        assert [b for b, _, _ in segs] == sorted({b for b, _, _ in segs})
+        loads.append(sum(hi - lo for _, lo, hi in segs))
+        for b, lo, hi in segs:
+            assert 0 <= lo < hi <= counts[b]
+            for j in range(lo, hi):
+                seen[b][j] += 1
+    assert all(c == 1 for row in seen for c in row)
+    assert max(loads) - min(loads) <= 1
+
+
+@pytest.mark.parametrize("dequant", FAST_MODES[:1])
+def test_flat_score_kernel_writes_exactly_the_scored_pages(dequant):
+    """The score kernel on the flat grid (``dequant`` "mma" on a GPU that has it, else the
+    twin): with 1, 3, 7, 40 and more programs than pages, the page-score scratch holds the
+    same bits, written at ``[b, n, j]`` for every scored page j < n_b of every row n < N
+    and nowhere else (NaN-poisoned): requests of 0, short (<= 15 pages: none scored), and
+    long histories, a padding request, programs spanning several requests."""
+    q_len, heads, rows = 2, 2, 16
+    lens = [17 * 128 + 5, 0, 3 * 128, 24 * 128 + 1, 16 * 128 + 1, 20 * 128]
+    batch = Batch(lens, seed=31)
+    b, w = batch.block_table.shape
+    seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    seq[1] = -5  # a padding request
+    q = random_q(b * q_len, heads, seed=5)
+    n_pages = [(max(s, 1) - 1) // 128 if s > 0 else 0 for s in seq.tolist()]
+    n_pages = [n if n > 15 else 0 for n in n_pages]
+    assert sum(n_pages) > 40
+    results = []
+    for programs in (1, 3, 7, 40, 4 * sum(n_pages)):
+        scores = torch.full((WG.scratch_elems(b, w, rows),), float("nan"), device=DEV)
+        big, out = poisoned_out(b * q_len, heads)
+        WG.launch(dequant, q, batch.cache, batch.block_table, seq, out, scores,
+                  num_blocks=batch.cache.shape[0], query_len=q_len, num_heads=heads,
+                  rows=rows, num_splits=1, programs=programs)
+        assert_guards(big)
+        sc = scores.view(b, rows, w).cpu()
+        written = ~sc.isnan()
+        want = torch.zeros_like(written)
+        for r, n in enumerate(n_pages):
+            want[r, :, :n] = True  # padding rows n >= Q*H too (zero queries)
+        assert torch.equal(written, want), programs
+        results.append(sc)
+    for sc in results[1:]:
+        assert torch.equal(sc.view(torch.int32), results[0].view(torch.int32))
 
 
 def _select_scores(width: int, seed: int) -> torch.Tensor:
@@ -303,7 +362,8 @@ def test_mma_scorer_compiles_offline():
     cap (``MMA_MAXNREG``: 3 one-warp programs per scheduler) up to ``MMA_MAX_ROWS`` rows,
     one m16n8k16 per (16 tokens, 8 rows, 16 dims) of a page, three cp.async per chunk of 16
     tokens (2 code runs of 16 bytes, 4 scale bytes per lane) and the 4-slot ring's 4.5 KB of
-    shared memory."""
+    shared memory. Nothing spills in the page loop; the request loop around it may spill a
+    few registers once per request (Q1 H4: 2 LDL / STL)."""
     from nvfp4_indexer.triton.heuristics import MMA_MAX_ROWS, MMA_MAXNREG
     lines = _offline(_MMA_COMPILE)
     assert len(lines) == 8, lines
@@ -312,9 +372,11 @@ def test_mma_scorer_compiles_offline():
         rows = int(ln.split(" N ")[1].split(":")[0])
         assert regs <= MMA_MAXNREG, ln
         if rows <= MMA_MAX_ROWS:  # 64 rows spill: the default takes "wgmma" there
-            assert " 0 B local, 0 LDL/STL" in ln, ln
-        # 8 chunks x rows / 8 n-tiles x 8 k-steps; 3 chunks in the prologue + 8 in the loop
-        assert f" {8 * rows} mma.sync, 33 cp.async, 4608 B shared" in ln, ln
+            spills = int(ln.split(" B local, ")[1].split()[0])
+            assert " 0 B local, " in ln and "(0 in the page loop)" in ln and spills <= 4, ln
+        # 8 chunks x rows / 8 n-tiles x 8 k-steps; 3 chunks in the prologue + 8 in the loop;
+        # the ring (4.5 KB) and the query's layout conversion (1 KB)
+        assert f" {8 * rows} mma.sync, 33 cp.async, 5632 B shared" in ln, ln
 
 
 def test_wgmma_scorer_compiles_offline_for_sm90():
@@ -375,7 +437,8 @@ def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
 
 def test_choose_dequant_page_score_rule(monkeypatch):
     """The default-dequant rule of ``heuristics.choose_dequant`` on a (simulated) SM90 GPU:
-    "mma" from ``MMA_MIN_PAGES`` pages B * (W - 1) and ``MMA_MIN_REQS`` requests at <= 32 rows,
+    "mma" from ``MMA_MIN_PAGES`` pages B * (W - 1) and ``MMA_MIN_WIDTH`` pages W - 1 at <= 32
+    rows,
     "wgmma" from ``WGMMA_MIN_PAGES`` at 64 rows (any B), an explicit ``min_pages`` for both,
     never without rows to score (W - 1 <= 15), off SM90 or with another dot; else the
     one-launch kernel's mode."""
@@ -384,19 +447,21 @@ def test_choose_dequant_page_score_rule(monkeypatch):
     cap = [(9, 0)]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
     dev = torch.device("cpu")  # default_dequant: "triton" for the fallback
-    reqs, pages = hz.MMA_MIN_REQS, hz.MMA_MIN_PAGES
+    pages, w_min = hz.MMA_MIN_PAGES, hz.MMA_MIN_WIDTH + 1
+    reqs = pages // (w_min - 1)
 
     def pick(b, w, rows, min_pages=None, dot="fp16"):
         return hz.choose_dequant(dev, dot, b, w, min_pages, rows)
-    w_min = pages // reqs + 1  # reqs * (w_min - 1) == pages
     assert reqs * (w_min - 1) == pages
     assert pick(reqs, w_min, 32) == "mma" and pick(reqs, w_min, 16) == "mma"
-    assert pick(reqs, w_min - 1, 32) == "triton"  # one page short
-    assert pick(reqs - 1, 10 * w_min, 32) == "triton"  # too few requests
+    assert pick(reqs - 1, w_min, 32) == "triton"  # 64 pages short
+    assert pick(1, pages + 1, 32) == "mma"  # one long request
+    assert pick(10 * reqs, w_min - 1, 32) == "triton"  # short requests
     wide = hz.WGMMA_MIN_PAGES + 1
     assert pick(1, wide, 64) == "wgmma" and pick(1, wide - 1, 64) == "triton"
     assert pick(reqs, w_min, 64) == "triton"  # 64 rows: the wgmma threshold
-    assert pick(reqs, 17, 32, min_pages=0) == "mma" and pick(1, 17, 64, min_pages=0) == "wgmma"
+    assert pick(1, w_min, 32, min_pages=0) == "mma" and pick(1, 17, 64, min_pages=0) == "wgmma"
+    assert pick(reqs, w_min - 1, 32, min_pages=0) == "triton"  # W - 1 < MMA_MIN_WIDTH
     assert pick(reqs, 16, 32, min_pages=0) == "triton"  # W - 1 = 15: every row is short
     assert pick(reqs, w_min, 32, dot="fp32") == "triton"
     cap[0] = (10, 0)
@@ -420,10 +485,12 @@ for name, fn in (("mma", mma_score_kernel), ("wgmma", wgmma_score_kernel)):
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     if name == "mma":
         cl, mma, ql, scl = WG.mma_layouts(32)
-        consts = dict(CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
+        consts = dict(BB=32, CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
+        flat = (16, 1584)  # num_reqs, num_programs
     else:
         cl, mma, ql, b_sl = WG.gluon_layouts(32)
-        consts = dict(CL=cl, MMA=mma, QL=ql, B_SL=b_sl)
+        consts = dict(NUM_SPLITS=8, CL=cl, MMA=mma, QL=ql, B_SL=b_sl)
+        flat = ()
 
     def key(cache, b, w, bt_cols, q_heads):
         # the arguments decode_wgmma.launch passes (q may be a head slice of a wider tensor)
@@ -431,8 +498,8 @@ for name, fn in (("mma", mma_score_kernel), ("wgmma", wgmma_score_kernel)):
         bt = torch.zeros((b, bt_cols), dtype=torch.int32)[:, :w]
         args = (q, q.stride(0), q.stride(1), cache, cache.stride(0) // 16, cache.shape[0], bt,
                 bt.stride(0), w, torch.zeros(b, dtype=torch.int32),
-                torch.zeros(256, dtype=torch.int64), torch.zeros(b * 32 * w))
-        return binder(*args, Q=8, H=4, N=32, NUM_SPLITS=8, **consts)[1]
+                torch.zeros(256, dtype=torch.int64), torch.zeros(b * 32 * w)) + flat
+        return binder(*args, Q=8, H=4, N=32, **consts)[1]
     warm = key(new_index_cache(1), 16, 200, 200, 4)  # DecodeRunner._warmup's launch
     for nb, stride, cols, heads in ((5000, 9216, 200, 4), (4096, 9216 + 16, 256, 4),
                                     (97, 9216 + 48, 200, 6)):

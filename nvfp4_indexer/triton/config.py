@@ -63,23 +63,25 @@ class DecodeConfig(_Config):
             (``decode_wgmma``); "triton" / "ptx" (SM89+) / "ptx_arith" (SM90+) run the
             one-launch kernel (ptx modes: CUDA and dot fp16).
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
-            ``heuristics.choose_num_splits``).
+            ``heuristics.choose_num_splits``); for "mma" / "lut", whose grid is flat
+            (``decode_wgmma.flat_partition``), it sets the grid to ``B * num_splits``
+            programs.
         window: pages scored between two top-k merges, a power of two with
             ``window * BLOCK_M <= 4096`` (at most 256 here, BLOCK_M being >= 16; the
             launch's BLOCK_M is checked by the runner; default
             ``heuristics.decode_window``); 1 inserts each page's candidate at once.
         num_warps: score-kernel warps, one of 1, 2, 4, 8, 16. num_stages: its pipeline
             stages, >= 1.
-        programs_per_sm: split target (default ``PROGRAMS_PER_SM``; ``MMA_PROGRAMS_PER_SM``
-            for "mma", ``WGMMA_PROGRAMS_PER_SM`` for "wgmma"; ignored when ``num_splits`` is
-            given), >= 1.
+        programs_per_sm: split target (default ``PROGRAMS_PER_SM``; ``WGMMA_PROGRAMS_PER_SM``
+            for "wgmma"; for "mma" the flat grid's programs per SM, default
+            ``MMA_PROGRAMS_PER_SM``: one wave; ignored when ``num_splits`` is given), >= 1.
         maxnreg: score-kernel register cap in 24..255, or None for the mode's default
             (``MAXNREG`` for the one-launch kernel, ``MMA_MAXNREG`` for "mma"; "wgmma" and
             "lut" take no cap and ignore it; the interpreter has none).
         pdl: launch the merge kernel with programmatic dependent launch (SM90+ only).
         page_score_min_pages: B * (W - 1) from which the default dequant on an SM90 GPU is
             a page-score mode rather than the one-launch "ptx": "mma" at <= ``MMA_MAX_ROWS``
-            rows (and B >= ``MMA_MIN_REQS``), "wgmma" above (default ``MMA_MIN_PAGES`` /
+            rows (and W - 1 >= ``MMA_MIN_WIDTH``), "wgmma" above (default ``MMA_MIN_PAGES`` /
             ``WGMMA_MIN_PAGES``; ``heuristics.choose_dequant``), >= 0.
     Raises:
         ValueError: a field of the wrong type or out of range.

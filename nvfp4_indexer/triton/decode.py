@@ -264,6 +264,10 @@ class DecodeRunner:
                                                                          hz.PROGRAMS_PER_SM)
         self.num_splits = cfg.num_splits or choose_num_splits(
             num_reqs, width, hz.num_sms(self.device), pps)
+        # the flat page-score grid ("mma": one wave of equal shares; "lut": B * NUM_SPLITS)
+        self.programs = hz.page_score_programs(
+            num_reqs, width, hz.num_sms(self.device), pps,
+            cfg.num_splits or (None if dequant == "mma" else self.num_splits))
         window = cfg.window or hz.decode_window(self.num_splits, width, self.block_m)
         if window * self.block_m > hz.MAX_WINDOW_ELEMS:
             raise ValueError(f"window: expected a power of two with window * BLOCK_M <= "
@@ -304,7 +308,8 @@ class DecodeRunner:
         if self.dequant in PAGE_SCORE_MODES:
             self._page_score = decode_wgmma.PageScoreLaunch(
                 self.dequant, width=self.width, query_len=q, num_heads=h, rows=self.block_m,
-                num_splits=self.num_splits, maxnreg=self.maxnreg)
+                num_splits=self.num_splits, num_reqs=self.num_reqs, programs=self.programs,
+                maxnreg=self.maxnreg)
             return
         self._score = CachedLaunch(
             _decode_score_kernel, Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,

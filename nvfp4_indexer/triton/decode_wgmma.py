@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from .layout import (CODE_BYTES, GROUPS, HEAD, HISTORY, PAGE, SCALES_OFFSET, local_page,
-                     num_history_pages, scored_pages, split_range)
+                     num_history_pages, scored_pages)
 from .lut import lut_dequant_portable, lut_table
 from .numerics import e4m3_decode
 from .scan import clamped_seq_len
@@ -56,6 +56,7 @@ from .topk import EMPTY, candidate_id, pack_candidate
 SELECT_CHUNK = 1024  # pages per step of a select program's first pass
 SELECT_GROUP = 128  # pages of one residue class a select round reloads per step
 SELECT_WARPS = 1  # one warp per row: each selection round stays inside the warp
+MMA_LAB = 0  # labs only: the "mma" scorer's speed-of-light variant (``mma_scorer`` LAB)
 
 
 def phys_dim(c: int) -> int:
@@ -169,43 +170,78 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
 # Plain-Triton twin of the score kernel (DEQUANT="lut": interpreter and any GPU)
 # --------------------------------------------------------------------------------------------
 
+def flat_partition(page_counts: list[int], num_programs: int) -> list[list[tuple]]:
+    """Host twin of the flat partition the "mma" scorer and the "lut" twin run on the device
+    (``mma_scorer.flat_work`` / ``_flat_work``), for tests and documentation: the scored page
+    counts n_b laid end to end (T pages), program p takes flat pages
+    ``[p * T // P, (p + 1) * T // P)``. Returns per program its ``(request, start, end)``
+    segments (request-local pages, non-empty). Every page is scored by exactly one program
+    and the programs' page counts differ by at most one."""
+    total = sum(page_counts)
+    excl = [sum(page_counts[:b]) for b in range(len(page_counts))]
+    out = []
+    for p in range(num_programs):
+        s, e = p * total // num_programs, (p + 1) * total // num_programs
+        segs = []
+        for b, (eb, nb) in enumerate(zip(excl, page_counts)):
+            lo, hi = max(s, eb) - eb, min(e, eb + nb) - eb
+            if lo < hi:
+                segs.append((b, lo, hi))
+        out.append(segs)
+    return out
+
+
 @triton.jit
-def _page_range(seq_lens_ptr, b, split, width, NUM_SPLITS: tl.constexpr):
-    """``(seq_len clamped to [0, W*128], first page, end page)`` of program (b, split): the
-    split's share of the last query's history, none when every row is short (SPEC 5)."""
-    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
-    start, end = split_range(scored_pages(num_history_pages(seq_len)), split, NUM_SPLITS)
-    return seq_len, start, end
+def _flat_work(seq_lens_ptr, num_reqs, width, pid, num_programs, BB: tl.constexpr):
+    """Triton twin of ``mma_scorer.flat_work``: ``(idx, excl, incl, s, e, b0, b1)``."""
+    idx = tl.arange(0, BB)
+    sl = tl.load(seq_lens_ptr + idx, mask=idx < num_reqs, other=0)
+    sl = tl.minimum(tl.maximum(sl, 0), width * PAGE)  # SPEC 10 (scan.clamped_seq_len)
+    n = scored_pages(num_history_pages(sl))
+    incl = tl.cumsum(n, 0)
+    excl = incl - n
+    total = tl.sum(n, 0).to(tl.int64)
+    s = ((pid.to(tl.int64) * total) // num_programs).to(tl.int32)
+    e = (((pid + 1).to(tl.int64) * total) // num_programs).to(tl.int32)
+    b0 = tl.sum((incl <= s).to(tl.int32), 0)
+    b1 = tl.sum((excl < e).to(tl.int32), 0)
+    return idx, excl, incl, s, e, b0, b1
 
 
-@triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride"])
+@triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride", "num_reqs",
+                               "num_programs"])
 def _portable_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
                            num_blocks, bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr,
-                           scores_ptr, Q: tl.constexpr, H: tl.constexpr, N: tl.constexpr,
-                           NUM_SPLITS: tl.constexpr):
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    _, start, end = _page_range(seq_lens_ptr, b, split, width, NUM_SPLITS)
+                           scores_ptr, num_reqs, num_programs, Q: tl.constexpr,
+                           H: tl.constexpr, N: tl.constexpr, BB: tl.constexpr):
+    idx, excl, incl, s, e, b0, b1 = _flat_work(seq_lens_ptr, num_reqs, width,
+                                               tl.program_id(0), num_programs, BB)
     n = tl.arange(0, N)
     row_ok = n < Q * H
-    row = (b * Q + n // H).to(tl.int64)
-    q_off = row * q_row_stride + (n % H) * q_head_stride
     d = tl.arange(0, HEAD)[:, None]
-    qb = tl.load(q_ptr + q_off[None, :] + d, mask=row_ok[None, :], other=0)
-    q_t = e4m3_decode(qb)  # [128, N] fp32, exact
     t = tl.arange(0, PAGE)[:, None]
     dims = tl.arange(0, HEAD)[None, :]
-    out_row = scores_ptr + (b.to(tl.int64) * N + n) * width
-    bt_row = bt_ptr + b.to(tl.int64) * bt_stride
-    for j in range(start, end):
-        blk = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
-        page = cache_ptr + blk * page_stride
-        cb = tl.load(page + t * CODE_BYTES + dims // 2).to(tl.int32)  # byte of dim d, per token
-        codes = (cb >> ((dims % 2) * 4)) & 15
-        sb = tl.load(page + SCALES_OFFSET + t * GROUPS + dims // 16).to(tl.int32)
-        k = lut_dequant_portable(codes, sb, tbl_ptr).to(tl.float32)
-        acc = tl.dot(k, q_t, input_precision="ieee", out_dtype=tl.float32)
-        tl.store(out_row + j, page_max(acc))
+    for b in range(b0, b1):  # each request the flat range touches: its pages [start, end)
+        eb = tl.sum(tl.where(idx == b, excl, 0), 0)
+        ib = tl.sum(tl.where(idx == b, incl, 0), 0)
+        start = tl.maximum(s, eb) - eb
+        end = tl.minimum(e, ib) - eb
+        b64 = tl.cast(b, tl.int64)  # a Python int under the interpreter
+        row = b64 * Q + n // H
+        q_off = row * q_row_stride + (n % H) * q_head_stride
+        qb = tl.load(q_ptr + q_off[None, :] + d, mask=row_ok[None, :], other=0)
+        q_t = e4m3_decode(qb)  # [128, N] fp32, exact
+        out_row = scores_ptr + (b64 * N + n) * width
+        bt_row = bt_ptr + b64 * bt_stride
+        for j in range(start, end):
+            blk = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), num_blocks - 1).to(tl.int64)
+            page = cache_ptr + blk * page_stride
+            cb = tl.load(page + t * CODE_BYTES + dims // 2).to(tl.int32)  # byte of dim d
+            codes = (cb >> ((dims % 2) * 4)) & 15
+            sb = tl.load(page + SCALES_OFFSET + t * GROUPS + dims // 16).to(tl.int32)
+            k = lut_dequant_portable(codes, sb, tbl_ptr).to(tl.float32)
+            acc = tl.dot(k, q_t, input_precision="ieee", out_dtype=tl.float32)
+            tl.store(out_row + j, page_max(acc))
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,30 +305,38 @@ class PageScoreLaunch:
     Args:
         dequant: "mma" (Gluon, one warp per program, SM89+), "wgmma" (Gluon, SM90) or "lut"
             (the plain-Triton twin). width: block-table width W. query_len, num_heads: Q, H.
-        rows: N = ``heuristics.block_rows(Q, H)``. num_splits: programs per request.
+            num_reqs: B (the block table's rows).
+        rows: N = ``heuristics.block_rows(Q, H)``. num_splits: programs per request of the
+            "wgmma" grid ``(B, NUM_SPLITS)``. programs: P, the flat grid of "mma" / "lut"
+            (``flat_partition``; default ``B * num_splits``).
         maxnreg: the "mma" scorer's register cap (default ``MMA_MAXNREG``).
     """
 
     def __init__(self, dequant: str, *, width: int, query_len: int, num_heads: int, rows: int,
-                 num_splits: int, maxnreg: int | None = None):
+                 num_splits: int, num_reqs: int, programs: int | None = None,
+                 maxnreg: int | None = None):
         from .launcher import CachedLaunch
         self.dequant, self.num_splits = dequant, num_splits
-        self.q_len, self.heads = query_len, num_heads
-        kw = dict(Q=query_len, H=num_heads, N=rows, NUM_SPLITS=num_splits)
+        self.programs = programs or num_reqs * num_splits
+        self.q_len, self.heads, self.num_reqs = query_len, num_heads, num_reqs
+        bb = max(32, triton.next_power_of_2(num_reqs))  # the flat partition's request vector
         if dequant == "wgmma":
             from .wgmma_scorer import wgmma_score_kernel
             cl, mma, ql, b_sl = gluon_layouts(rows)
-            self.score = CachedLaunch(wgmma_score_kernel, **kw, CL=cl, MMA=mma, QL=ql,
-                                      B_SL=b_sl, num_warps=4)
+            self.score = CachedLaunch(wgmma_score_kernel, Q=query_len, H=num_heads, N=rows,
+                                      NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql, B_SL=b_sl,
+                                      num_warps=4)
         elif dequant == "mma":
             from .heuristics import MMA_MAXNREG, MMA_STAGES
             from .mma_scorer import mma_score_kernel
             cl, mma, ql, scl = mma_layouts(rows)
-            self.score = CachedLaunch(mma_score_kernel, **kw, CL=cl, MMA=mma, QL=ql, SCL=scl,
-                                      STAGES=MMA_STAGES, num_warps=1,
+            self.score = CachedLaunch(mma_score_kernel, Q=query_len, H=num_heads, N=rows, BB=bb,
+                                      CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES,
+                                      LAB=MMA_LAB, num_warps=1,
                                       maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
         else:
-            self.score = CachedLaunch(_portable_score_kernel, **kw, num_warps=4)
+            self.score = CachedLaunch(_portable_score_kernel, Q=query_len, H=num_heads, N=rows,
+                                      BB=bb, num_warps=4)
         chunk, group = _select_blocks(width)
         self.select = CachedLaunch(_select_kernel, Q=query_len, H=num_heads, N=rows,
                                    CHUNK=chunk, GROUP=group, num_warps=SELECT_WARPS)
@@ -318,25 +362,30 @@ class PageScoreLaunch:
         b, width = block_table.shape
         q8 = index_q.view(torch.uint8)
         table = _device_table(cache.device)
-        if align:  # the Gluon scorers: one argument list, the page stride in 16-byte units
+        if dequant == "wgmma":
             self.score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0) // 16, num_blocks, block_table, block_table.stride(0),
                        width, seq_lens, table, scores)
+        elif dequant == "mma":  # the page stride in 16-byte units
+            self.score((self.programs,), q8, q8.stride(0), q8.stride(1), cache,
+                       cache.stride(0) // 16, num_blocks, block_table, block_table.stride(0),
+                       width, seq_lens, table, scores, b, self.programs)
         else:
-            self.score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
+            self.score((self.programs,), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0), num_blocks, block_table, block_table.stride(0), width,
-                       seq_lens, table.view(torch.uint8), scores)
+                       seq_lens, table.view(torch.uint8), scores, b, self.programs)
         self.select((b, self.q_len * self.heads), scores, seq_lens, width, out)
 
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
            query_len: int, num_heads: int, rows: int, num_splits: int,
-           maxnreg: int | None = None) -> None:
+           programs: int | None = None, maxnreg: int | None = None) -> None:
     """``PageScoreLaunch(...)(...)`` in one call (tests, labs; a runner keeps its
     ``PageScoreLaunch``): both kernels, no allocation, no sync. Arguments and errors as
-    ``PageScoreLaunch``."""
-    PageScoreLaunch(dequant, width=block_table.shape[1], query_len=query_len,
-                    num_heads=num_heads, rows=rows, num_splits=num_splits,
+    ``PageScoreLaunch`` (B from ``block_table``)."""
+    b, width = block_table.shape
+    PageScoreLaunch(dequant, width=width, query_len=query_len, num_heads=num_heads, rows=rows,
+                    num_splits=num_splits, num_reqs=b, programs=programs,
                     maxnreg=maxnreg)(index_q, cache, block_table, seq_lens, out, scores,
                                      num_blocks=num_blocks)
 

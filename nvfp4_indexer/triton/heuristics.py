@@ -23,9 +23,9 @@ MIN_BLOCK_M = 16  # smallest BLOCK_M of a row-block scorer (tl.dot's smallest M)
 WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 MAX_WINDOW_ELEMS = 4096  # window * BLOCK_M bound of the window scratch
-MMA_MIN_PAGES = 7168  # B * (W - 1) from this on SM90: the page-score path (dequant "mma")
-MMA_MIN_REQS = 16  # ... and B from this (b8 x 200K: the one-launch kernel is 2.5 % faster)
-MMA_PROGRAMS_PER_SM = 48  # split target of the mma path (one-warp programs, ~12 resident)
+MMA_MIN_PAGES = 2048  # B * (W - 1) from this on SM90: the page-score path (dequant "mma")
+MMA_MIN_WIDTH = 64  # ... and W - 1 from this (shorter requests: the one-launch kernel)
+MMA_PROGRAMS_PER_SM = 12  # flat programs per SM of the mma path: its residency (one wave)
 MMA_MAXNREG = 168  # its register cap: 3 one-warp programs per scheduler, no spills
 MMA_STAGES = 4  # chunk slots of its cp.async ring (3 chunks of 16 tokens in flight)
 MMA_MAX_ROWS = 32  # BLOCK_M above this (Q * H = 64): the wgmma scorer instead
@@ -121,6 +121,17 @@ def choose_num_splits(num_reqs: int, width: int, num_sms: int,
     if max_pages <= SHORT_MAX_LOCAL:
         return 1
     return decode_splits(num_reqs, max_pages, num_sms, programs_per_sm)
+
+
+def page_score_programs(num_reqs: int, width: int, num_sms: int, programs_per_sm: int,
+                        num_splits: int | None = None) -> int:
+    """Programs P of a flat page-score launch (``decode_wgmma.flat_partition``: the batch's
+    scored pages in P equal shares, whatever the requests' lengths): ``B * num_splits``
+    when given, else ``programs_per_sm * num_sms`` (the "mma" default: one wave of its
+    resident programs), at most one per page a batch can score, ``B * (W - 1)``, at least 1."""
+    if num_splits:
+        return max(1, num_reqs * num_splits)
+    return max(1, min(programs_per_sm * num_sms, num_reqs * max(width - 1, 1)))
 
 
 def subset_pages(width: int, world: int) -> int:
@@ -298,8 +309,8 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
                    min_pages: int | None = None, rows: int = 32) -> str:
     """The decode runner's default dequant mode for a static shape (``rows`` = BLOCK_M):
     on SM90 GPUs with dot fp16, for batches of at least ``min_pages`` pages B * (W - 1) with
-    rows to score, "mma" (``decode_wgmma``'s warp-per-split scorer; default ``min_pages``
-    ``MMA_MIN_PAGES``, and B >= ``MMA_MIN_REQS``) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at
+    rows to score, "mma" (``decode_wgmma``'s warp-per-program scorer; default ``min_pages``
+    ``MMA_MIN_PAGES``, and W - 1 >= ``MMA_MIN_WIDTH``) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at
     more rows (default ``WGMMA_MIN_PAGES``: the mma scorer spills there); else
     ``default_dequant`` (the one-launch kernel: its fused top-k saves the select launch).
     "mma" also runs on SM89 and SM100 (``mma.sync``; compiled offline for sm_100a) but is
@@ -309,7 +320,7 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
     if min_pages is None:
         min_pages = WGMMA_MIN_PAGES if wide else MMA_MIN_PAGES
     if dot == "fp16" and num_reqs * (width - 1) >= min_pages and width - 1 > SHORT_MAX_LOCAL \
-            and (wide or num_reqs >= MMA_MIN_REQS) and mma_available(device) \
+            and (wide or width - 1 >= MMA_MIN_WIDTH) and mma_available(device) \
             and torch.cuda.get_device_capability(device) == (9, 0):
         return "wgmma" if wide else "mma"
     return default_dequant(device, dot)

@@ -29,9 +29,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .layout import PAGE, SCALES_OFFSET
-from .wgmma_scorer import (_dequant_half, _group_offsets, _half_operands, _load_q,
-                           _split_pages)
+from .layout import HISTORY, PAGE, SCALES_OFFSET
+from .lut import LUT_ASM, LUT_CONSTRAINTS
+from .wgmma_scorer import _dequant_half, _group_offsets, _half_operands, _load_q, _SPLIT_ASM
+
+_ASM = gl.constexpr(LUT_ASM)
+_CONSTRAINTS = gl.constexpr(LUT_CONSTRAINTS)
+# LAB 2 (no dequantization): the 16 codes' two words copied into the 8 operand registers
+_RAW_ASM = gl.constexpr("mov.b64 {$0, $1}, $8;\nmov.b64 {$2, $3}, $8;\n"
+                        "mov.b64 {$4, $5}, $8;\nmov.b64 {$6, $7}, $8;")
 
 CHUNK = gl.constexpr(16)  # tokens per MMA (the m16n8k16 A fragment's rows)
 
@@ -58,11 +64,53 @@ def _issue_chunk(ring_c, ring_s, cache64, cache8, base, off64, soff, k: gl.const
 
 
 @gluon.jit
-def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr):
-    """[16 tokens, N] fp32 dot products of one chunk (both K halves)."""
+def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr, LAB: gl.constexpr):
+    """[16 tokens, N] fp32 dot products of one chunk (both K halves). ``LAB`` (speed-of-light
+    variants for ``benchmarks.labs.dequant_lab``; 0 in the library): 1 sums two independent
+    K-half MMA chains (not bit-identical to 0), 2 feeds the raw code words to the MMA (no
+    lookup, no table loads: wrong scores)."""
+    if LAB == 2:
+        c_lo, c_hi = gl.split(codes)
+        acc = mma_v2(_raw_half(c_lo, A_L), q_lo, zero)
+        return mma_v2(_raw_half(c_hi, A_L), q_hi, acc)
     c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
+    if LAB == 1:
+        return mma_v2(_dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero) \
+            + mma_v2(_dequant_half(c_hi, s_hi, r_hi, A_L, CHUNK), q_hi, zero)
     acc = mma_v2(_dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero)
     return mma_v2(_dequant_half(c_hi, s_hi, r_hi, A_L, CHUNK), q_hi, acc)
+
+
+@gluon.jit
+def _raw_half(codes, A_L: gl.constexpr):
+    """LAB 2: an operand of ``_dequant_half``'s shape from register copies of the codes."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        _RAW_ASM, _CONSTRAINTS, [codes, codes, codes.to(gl.int32)],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True, pack=1)
+    x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
+                gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    y = gl.join(x, x)
+    f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
+                                  pack=2)
+    f = gl.permute(f, [0, 2, 3, 4, 1, 5])
+    return gl.convert_layout(gl.reshape(f, [CHUNK, 64]), A_L, assert_trivial=True)
+
+
+@gluon.jit
+def _lookup_only(codes, sb, tbl_ptr):
+    """LAB 3 (no MMA): both halves' lookups folded by xor into an int32 [16, 4]."""
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
+    return _xor_lookup(c_lo, s_lo, r_lo) ^ _xor_lookup(c_hi, s_hi, r_hi)
+
+
+@gluon.jit
+def _xor_lookup(codes, s, row):
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        _ASM, _CONSTRAINTS, [codes, row, s],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True, pack=1)
+    return ((o0 ^ o1) ^ (o2 ^ o3)) ^ ((o4 ^ o5) ^ (o6 ^ o7))
 
 
 @gluon.jit
@@ -71,70 +119,135 @@ def _row_max(acc, N: gl.constexpr):
     return gl.max(gl.reshape(acc, [2, 8, N]), axis=0)
 
 
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def scored_page_count(sl, width):
+    """Scored pages of a request of seq_len ``sl`` (``wgmma_scorer._split_pages``'s count;
+    SPEC 10 clamp): the last query's history pages, 0 when every row is short."""
+    sl = gl.minimum(gl.maximum(sl, 0), width * PAGE)
+    n = gl.maximum(sl - 1, 0) // PAGE
+    return gl.where(n > HISTORY, n, 0)
+
+
+@gluon.jit
+def flat_work(seq_lens_ptr, num_reqs, width, pid, num_programs, BB: gl.constexpr,
+              VL: gl.constexpr):
+    """Program ``pid``'s share of the batch's scored pages (the flat partition,
+    ``decode_wgmma.flat_partition``): the requests' scored page counts n_b laid end to end,
+    program p takes flat pages ``[p * T // P, (p + 1) * T // P)`` of the total T. Returns
+    ``(s, e, b0, b1, e0)``: that range, the requests ``[b0, b1)`` it touches and the first
+    flat page of request b0."""
+    idx = gl.arange(0, BB, layout=VL)
+    n = scored_page_count(gl.load(seq_lens_ptr + idx, mask=idx < num_reqs, other=0), width)
+    incl = gl.associative_scan(n, 0, _add)
+    excl = incl - n
+    total = gl.sum(n, axis=0).to(gl.int64)
+    s = ((pid.to(gl.int64) * total) // num_programs).to(gl.int32)
+    e = (((pid + 1).to(gl.int64) * total) // num_programs).to(gl.int32)
+    b0 = gl.sum((incl <= s).to(gl.int32), axis=0)
+    b1 = gl.sum((excl < e).to(gl.int32), axis=0)
+    e0 = gl.sum(gl.where(idx == b0, excl, 0), axis=0)
+    return s, e, b0, b1, e0
+
+
 # The launcher's warmup (a 1-block cache, a contiguous q) must compile the variant real
 # launches use (CUDA-graph capture must not compile): no value specialization of these ints.
 @gluon.jit(do_not_specialize=["q_row_stride", "q_head_stride", "page_stride16", "num_blocks",
-                              "bt_stride", "width"])
+                              "bt_stride", "width", "num_reqs", "num_programs"])
 def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride16, num_blocks,
-                     bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr,
-                     Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr,
-                     NUM_SPLITS: gl.constexpr, CL: gl.constexpr, MMA: gl.constexpr,
-                     QL: gl.constexpr, SCL: gl.constexpr, STAGES: gl.constexpr):
+                     bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr, num_reqs,
+                     num_programs, Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr,
+                     BB: gl.constexpr, CL: gl.constexpr, MMA: gl.constexpr, QL: gl.constexpr,
+                     SCL: gl.constexpr, STAGES: gl.constexpr, LAB: gl.constexpr = 0):
+    VL: gl.constexpr = gl.BlockedLayout([BB // 32], [32], [1], [0])
+    NCH: gl.constexpr = PAGE // CHUNK
+    gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
+    s, e, b0, b1, eb = flat_work(seq_lens_ptr, num_reqs, width, gl.program_id(0),
+                                 num_programs, BB, VL)
+    ring_c = gl.allocate_shared_memory(gl.int64, [STAGES, CHUNK, 4, 2],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+    ring_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, 8],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
+    for b in range(b0, b1):  # each request the flat range touches: its pages [start, end)
+        ib = eb + scored_page_count(gl.load(seq_lens_ptr + b), width)  # flat pages [eb, ib)
+        start = gl.maximum(s, eb) - eb
+        end = gl.minimum(e, ib) - eb
+        eb = ib
+        if start < end:
+            _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache_ptr,
+                         page_stride16, num_blocks, bt_ptr + b.to(gl.int64) * bt_stride,
+                         tbl_ptr, scores_ptr + b.to(gl.int64) * N * width, width, start, end,
+                         ring_c, ring_s, Q, H, N, CL, MMA, QL, SCL, STAGES, LAB)
+
+
+@gluon.jit
+def _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache8, page_stride16,
+                 num_blocks, bt_row, tbl_ptr, out_base, width, start, end, ring_c, ring_s,
+                 Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr, CL: gl.constexpr,
+                 MMA: gl.constexpr, QL: gl.constexpr, SCL: gl.constexpr,
+                 STAGES: gl.constexpr, LAB: gl.constexpr):
+    """Pages ``[start, end)`` of request b (non-empty): the query as B fragments, the chunks
+    through the ring, row n's max of page j stored at ``out_base + n * width + j``."""
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     NCH: gl.constexpr = PAGE // CHUNK
-    gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
-    b = gl.program_id(0)
-    start, end = _split_pages(seq_lens_ptr, b, gl.program_id(1), width, NUM_SPLITS)
-    if start < end:
-        q_lo = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL),
-                                 B_L)
-        q_hi = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N,
-                                         QL), B_L)
-        m8, grp = _group_offsets(CHUNK, CL)  # a chunk's codes in CL
-        off64 = m8 + grp
-        st = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, SCL))
-        sb8 = gl.arange(0, 8, layout=gl.SliceLayout(0, SCL))
-        soff = SCALES_OFFSET + gl.expand_dims(st, 1) * 8 + gl.expand_dims(sb8, 0)
-        ring_c = gl.allocate_shared_memory(gl.int64, [STAGES, CHUNK, 4, 2],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
-        ring_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, 8],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
-        bt_row = bt_ptr + b.to(gl.int64) * bt_stride
-        zero = gl.zeros([CHUNK, N], gl.float32, layout=MMA)
-        # row n's score offsets in the layout of a page max (the same reductions on ints)
-        col = gl.expand_dims(gl.arange(0, N, layout=gl.SliceLayout(0, MMA)), 0) \
-            + gl.zeros([CHUNK, N], gl.int32, layout=MMA)
-        out_off = gl.max(_row_max(col, N), axis=0) * width
-        out_base = scores_ptr + b.to(gl.int64) * N * width
-
-        base = _block_base(bt_row, start, num_blocks, page_stride16)
-        nbase = _block_base(bt_row, gl.minimum(start + 1, end - 1), num_blocks, page_stride16)
-        for k in gl.static_range(STAGES - 1):  # chunks 0 .. STAGES-2 of the first page
-            _issue_chunk(ring_c, ring_s, cache64, cache_ptr, base, off64, soff, k, STAGES)
-        for j in range(start, end):
-            # block of page j + 2 (its chunks are issued during page j + 1); past the split's
-            # end the last page is re-read (L2-hot), never a page outside the row (SPEC 10)
-            nnbase = _block_base(bt_row, gl.minimum(j + 2, end - 1), num_blocks, page_stride16)
-            for c in gl.static_range(NCH):
-                # chunk c has landed; Triton's barrier analysis adds the barriers that make
-                # every lane's copies visible (scales cross lanes) and free slot c - 1
-                async_copy.wait_group(STAGES - 2)
-                codes = ring_c.index(c % STAGES).load(CL)
-                sb = ring_s.index(c % STAGES).reshape([CHUNK, 4, 2]).load(CL)
-                if c + STAGES - 1 < NCH:  # chunk c + STAGES - 1 of this page or the next
-                    _issue_chunk(ring_c, ring_s, cache64, cache_ptr, base, off64, soff,
-                                 c + STAGES - 1, STAGES)
+    m8, grp = _group_offsets(CHUNK, CL)  # a chunk's codes in CL
+    off64 = m8 + grp
+    st = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, SCL))
+    sb8 = gl.arange(0, 8, layout=gl.SliceLayout(0, SCL))
+    soff = SCALES_OFFSET + gl.expand_dims(st, 1) * 8 + gl.expand_dims(sb8, 0)
+    zero = gl.zeros([CHUNK, N], gl.float32, layout=MMA)
+    # row n's score offsets in the layout of a page max (the same reductions on ints)
+    col = gl.expand_dims(gl.arange(0, N, layout=gl.SliceLayout(0, MMA)), 0) \
+        + gl.zeros([CHUNK, N], gl.int32, layout=MMA)
+    rown = gl.max(_row_max(col, N), axis=0)
+    out_ptrs = out_base + rown * width
+    q_lo = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL),
+                             B_L)
+    q_hi = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL),
+                             B_L)
+    base = _block_base(bt_row, start, num_blocks, page_stride16)
+    nbase = _block_base(bt_row, gl.minimum(start + 1, end - 1), num_blocks, page_stride16)
+    for k in gl.static_range(STAGES - 1):  # chunks 0 .. STAGES-2 of the first page
+        _issue_chunk(ring_c, ring_s, cache64, cache8, base, off64, soff, k, STAGES)
+    for j in range(start, end):
+        # block of page j + 2 (its chunks are issued during page j + 1); past the range's
+        # end the last page is re-read (L2-hot), never a page outside the row (SPEC 10)
+        nnbase = _block_base(bt_row, gl.minimum(j + 2, end - 1), num_blocks, page_stride16)
+        for c in gl.static_range(NCH):
+            # chunk c has landed; Triton's barrier analysis adds the barriers that make
+            # every lane's copies visible (scales cross lanes) and free slot c - 1
+            async_copy.wait_group(STAGES - 2)
+            codes = ring_c.index(c % STAGES).load(CL)
+            sb = ring_s.index(c % STAGES).reshape([CHUNK, 4, 2]).load(CL)
+            if c + STAGES - 1 < NCH:  # chunk c + STAGES - 1 of this page or the next
+                _issue_chunk(ring_c, ring_s, cache64, cache8, base, off64, soff,
+                             c + STAGES - 1, STAGES)
+            else:
+                _issue_chunk(ring_c, ring_s, cache64, cache8, nbase, off64, soff,
+                             c + STAGES - 1, STAGES)
+            if LAB == 3:
+                x = _lookup_only(codes, sb, tbl_ptr)
+                if c == 0:
+                    runx = x
                 else:
-                    _issue_chunk(ring_c, ring_s, cache64, cache_ptr, nbase, off64, soff,
-                                 c + STAGES - 1, STAGES)
-                red = _row_max(_score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L), N)
+                    runx = runx ^ x
+            else:
+                red = _row_max(_score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L, LAB), N)
                 if c == 0:
                     run = red
                 else:
                     run = gl.maximum(run, red)  # max.f32 skips NaN (SPEC 4)
-            gl.store(out_base + j + out_off, gl.max(run, axis=0))
-            base = nbase
-            nbase = nnbase
-        async_copy.wait_group(0)
+        if LAB == 3:
+            v = gl.max(gl.max(runx, axis=1), axis=0)
+            gl.store(out_ptrs + j, (rown * 0 + v).to(gl.float32))
+        else:
+            gl.store(out_ptrs + j, gl.max(run, axis=0))
+        base = nbase
+        nbase = nnbase
+    async_copy.wait_group(0)
