@@ -203,10 +203,11 @@ def _select_scores(width: int, seed: int) -> torch.Tensor:
     return s
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("width", [40, 300, 2100])
-def test_select_kernel_matches_reference(width):
-    """The select kernel (page scores -> SPEC 5 rows) equals the reference selection on the
-    same scores bit for bit: first pass in one chunk and in three (1024, 1024, 51 pages),
+def test_select_kernel_matches_reference(width, wide):
+    """Both select kernels (page scores -> SPEC 5 rows; ``wide``: a row's keys in registers)
+    equal the reference selection on the same scores bit for bit: first pass in one chunk and in three (1024, 1024, 51 pages),
     classes of 3 / 19 / 132 pages (one and two reload steps of 128), ties, NaN, +-0.0, +-inf,
     rows of L = 16 / 17, short rows and padding rows; nothing written outside ``out``."""
     q_len, heads, rows, b = 2, 4, 16, 7
@@ -217,7 +218,7 @@ def test_select_kernel_matches_reference(width):
     buf[:b * rows * width] = scores.reshape(-1)
     big, out = poisoned_out(b * q_len, heads)
     WG.select(buf.to(DEV), seq_lens.to(DEV), out, width=width, query_len=q_len,
-              num_heads=heads, rows=rows)
+              num_heads=heads, rows=rows, wide=wide)
     assert_guards(big)
     pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len)[None, :]  # [B, Q]
     local = torch.where(pos >= 0, pos // 128, -1).reshape(-1)

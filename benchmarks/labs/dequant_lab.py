@@ -68,6 +68,7 @@ VARIANTS = {
     "mma ns256": {"dequant": "mma", "num_splits": 256},
     # speed of light of the mma scorer (``mma_scorer`` LAB; 2 and 3 give wrong scores and
     # are timed only): 1 two independent K-half MMA chains, 2 no lookup, 3 no MMA
+    "mma narrow": {"dequant": "mma", "_narrow_select": True},  # one-warp select for any B
     "mma lab1": {"dequant": "mma", "_lab": 1},
     "mma lab2": {"dequant": "mma", "_lab": 2},
     "mma lab3": {"dequant": "mma", "_lab": 3},
@@ -83,20 +84,25 @@ SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not c
 
 
 def make_runner(b, width, dev, kw):
-    """A ``DecodeRunner`` for variant knobs ``kw`` (``_lab``: ``decode_wgmma.MMA_LAB`` while
-    its launches are built)."""
+    """A ``DecodeRunner`` for variant knobs ``kw`` (``_lab``: ``decode_wgmma.MMA_LAB``;
+    ``_narrow_select``: no wide select; both only while its launches are built)."""
     from nvfp4_indexer.triton import decode_wgmma
     from nvfp4_indexer.triton.decode import DecodeRunner
 
     from .profile_case import config_of
     kw = dict(kw)
     lab = kw.pop("_lab", 0)
+    narrow = kw.pop("_narrow_select", False)
+    wide_rows = decode_wgmma.SELECT_WIDE_MAX_ROWS
     decode_wgmma.MMA_LAB = lab
+    if narrow:
+        decode_wgmma.SELECT_WIDE_MAX_ROWS = 0
     try:
         runner = DecodeRunner(HEADS, b, width, Q_LEN, dev, config=config_of("decode", kw))
     finally:
         decode_wgmma.MMA_LAB = 0
-    runner.lab = lab
+        decode_wgmma.SELECT_WIDE_MAX_ROWS = wide_rows
+    runner.lab = (lab, narrow)
     return runner
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
          (128, 1_000)]  # (batch, nominal len)

@@ -57,6 +57,11 @@ SELECT_CHUNK = 1024  # pages per step of a select program's first pass
 SELECT_GROUP = 128  # pages of one residue class a select round reloads per step
 SELECT_WARPS = 1  # one warp per row: each selection round stays inside the warp
 MMA_LAB = 0  # labs only: the "mma" scorer's speed-of-light variant (``mma_scorer`` LAB)
+# the wide select (a row's keys in registers on several warps, 15 register-only rounds) for
+# batches of at most this many rows B * Q * H, W up to SELECT_WIDE_MAX_WIDTH: few rows do not
+# fill the GPU with one-warp programs, whose rounds each wait on a reload
+SELECT_WIDE_MAX_ROWS = 512
+SELECT_WIDE_MAX_WIDTH = 8192
 
 
 def phys_dim(c: int) -> int:
@@ -161,6 +166,34 @@ def _select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
             for r0 in range(0, per_class, GROUP):
                 nxt = tl.maximum(nxt, _class_max(row_scores, g, local, best, r0, GROUP))
             cmax = tl.where(slot == g, nxt, cmax)
+        res = tl.where(slot == HISTORY, local, res)
+    row = (b * Q + i).to(tl.int64)
+    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+
+
+@triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
+def _select_wide_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
+                        H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr):
+    # The row's L <= CHUNK page scores as packed candidates in registers (all warps of the
+    # program); each of the 15 rounds takes the largest and removes it (keys are distinct).
+    b = tl.program_id(0)
+    m = tl.program_id(1)  # row i*H + h of request b
+    i = m // H
+    h = m % H
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
+    local = local_page(seq_len - Q + i)  # padding rows (p < 0) select like L = 0
+    row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
+    slot = tl.arange(0, 16)
+    res = tl.where(slot <= local, slot, -1)  # L <= 15 (padding rows: L = 0), per SPEC 5
+    if local > HISTORY:
+        jj = tl.arange(0, CHUNK)
+        ok = jj < local
+        keys = tl.where(ok, pack_candidate(tl.load(row_scores + jj, mask=ok, other=0.0), jj),
+                        EMPTY)
+        for k in tl.static_range(HISTORY):
+            best = tl.max(keys, 0)
+            res = tl.where(slot == k, candidate_id(best), res)
+            keys = tl.where(keys == best, EMPTY, keys)
         res = tl.where(slot == HISTORY, local, res)
     row = (b * Q + i).to(tl.int64)
     tl.store(out_ptr + (row * H + h) * 16 + slot, res)
@@ -291,6 +324,22 @@ def mma_layouts(rows: int):
 GLUON_CACHE_ALIGN = {"mma": 16, "wgmma": 8}
 
 
+def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
+                  wide: bool | None = None) -> tuple:
+    """``(kernel, constexprs, num_warps)`` of the select launch: the wide select for at most
+    ``SELECT_WIDE_MAX_ROWS`` rows and W <= ``SELECT_WIDE_MAX_WIDTH`` (``wide`` forces it on
+    or off), its CHUNK = next power of two >= W on up to 8 warps (256 keys per warp), else the
+    residue-class select on one warp per row."""
+    if wide is None:
+        wide = (num_reqs * query_len * num_heads <= SELECT_WIDE_MAX_ROWS
+                and width <= SELECT_WIDE_MAX_WIDTH)
+    if wide:
+        chunk = triton.next_power_of_2(max(width, 16))
+        return _select_wide_kernel, dict(CHUNK=chunk), max(1, min(8, chunk // 256))
+    chunk, group = _select_blocks(width)
+    return _select_kernel, dict(CHUNK=chunk, GROUP=group), SELECT_WARPS
+
+
 def _select_blocks(width: int) -> tuple[int, int]:
     """The select kernel's ``(CHUNK, GROUP)`` for block-table width ``width``."""
     chunk = min(SELECT_CHUNK, triton.next_power_of_2(max(width, 16)))
@@ -337,9 +386,9 @@ class PageScoreLaunch:
         else:
             self.score = CachedLaunch(_portable_score_kernel, Q=query_len, H=num_heads, N=rows,
                                       BB=bb, num_warps=4)
-        chunk, group = _select_blocks(width)
-        self.select = CachedLaunch(_select_kernel, Q=query_len, H=num_heads, N=rows,
-                                   CHUNK=chunk, GROUP=group, num_warps=SELECT_WARPS)
+        kernel, consts, warps = select_launch(num_reqs, width, query_len, num_heads)
+        self.select = CachedLaunch(kernel, Q=query_len, H=num_heads, N=rows, **consts,
+                                   num_warps=warps)
 
     def __call__(self, index_q, cache, block_table, seq_lens, out, scores, *,
                  num_blocks: int) -> None:
@@ -391,12 +440,11 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
 
 
 def select(scores, seq_lens, out, *, width: int, query_len: int, num_heads: int,
-           rows: int) -> None:
+           rows: int, wide: bool | None = None) -> None:
     """The select kernel alone (``launch``'s second step; tests): the SPEC 5 output ``out``
     ``[B*Q, H, 16]`` from the page scores in ``scores`` viewed as ``[B, N, W]`` (row
-    n = i*H + h; entries ``j < L`` read)."""
+    n = i*H + h; entries ``j < L`` read); ``wide`` as ``select_launch``."""
     b = seq_lens.shape[0]
-    chunk, group = _select_blocks(width)
-    _select_kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len,
-                                               H=num_heads, N=rows, CHUNK=chunk, GROUP=group,
-                                               num_warps=SELECT_WARPS)
+    kernel, consts, warps = select_launch(b, width, query_len, num_heads, wide)
+    kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len, H=num_heads,
+                                       N=rows, **consts, num_warps=warps)
