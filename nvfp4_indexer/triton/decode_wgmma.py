@@ -2,8 +2,10 @@
 
 Two launches per run:
 
-1. Score kernel, grid ``(B, NUM_SPLITS)`` (the split rule of ``heuristics.choose_num_splits``).
-   Program (b, s) scores its share of request b's history pages ``j < n`` for the request's
+1. Score kernel: "wgmma" on grid ``(B, NUM_SPLITS)`` (``heuristics.choose_num_splits``);
+   "mma" and the "lut" twin on a flat grid of P programs (``flat_partition``: the batch's
+   scored pages end to end, equal shares; ``heuristics.page_score_programs``).
+   A program scores its share of request b's history pages ``j < n`` for the request's
    ``N`` query rows (row n = i*H + h; N = ``heuristics.block_rows``) and writes the fp32 page
    scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Two Gluon scorers, both with
    table-lookup dequantization in registers (``lut.LUT_ASM``, bit-exact SPEC 1.4) feeding
