@@ -2,11 +2,12 @@
 
 One warp per program and nothing shared between warps, so no warp waits on another: the
 hardware interleaves the ~12 resident programs of an SM (168 registers: 3 warps per
-scheduler). Program (b, split) of grid ``(B, NUM_SPLITS)``:
+scheduler). Grid ``(P,)``, the flat partition (``flat_work``: program p scores flat pages
+[p*T//P, (p+1)*T//P) of the batch's T scored pages, request by request); per request segment:
 
 - the query rows of request b as fp16 ``mma.sync`` B fragments, held in registers for all
   pages (two K=64 halves, dims in ``decode_wgmma.phys_dim`` order);
-- the split's history pages streamed in chunks of 16 tokens (1 KB of codes + 128 scale bytes)
+- the segment's history pages streamed in chunks of 16 tokens (1 KB of codes + 128 scale bytes)
   through a shared-memory ring of ``STAGES`` chunk slots filled by ``cp.async``
   (``STAGES - 1`` chunks in flight; the block id of page j + 2 is read during page j);
 - per chunk: its code and scale bytes read from the ring in the layout ``CL`` whose lane bases
