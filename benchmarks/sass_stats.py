@@ -10,6 +10,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --elementwise          # gather and insert kernels
     python -m benchmarks.sass_stats --wgmma                # the Gluon wgmma decode scorer
     python -m benchmarks.sass_stats --mma [--arch 89|100]  # the Gluon mma decode scorer
+    python -m benchmarks.sass_stats --wgflat               # the Gluon page-per-warp scorer
     python -m benchmarks.sass_stats --prefill-wgmma        # the Gluon prefill score kernel
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
@@ -154,6 +155,32 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
+def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None):
+    """The Gluon page-per-warp wgmma decode score kernel (``triton.wgflat_scorer``) for SM90,
+    with the launcher's constexprs (``WGFLAT_STAGES`` / ``WGFLAT_ASYNC`` unless given),
+    specialized as a launch on a 16-byte aligned cache gets it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from nvfp4_indexer.triton.decode import block_rows
+    from nvfp4_indexer.triton.decode_wgmma import wgflat_layouts
+    from nvfp4_indexer.triton.heuristics import WGFLAT_ASYNC, WGFLAT_STAGES
+    from nvfp4_indexer.triton.wgflat_scorer import wgflat_score_kernel
+    rows = block_rows(q_len, heads)
+    cl, mma, ql, scl, b_sl = wgflat_layouts(rows)
+    consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
+                  CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl, STAGES=WGFLAT_STAGES,
+                  ASYNC=WGFLAT_ASYNC if async_ is None else async_, LAB=lab)
+    fn = wgflat_score_kernel
+    sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
+    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    opts = {"num_warps": 4} if maxnreg is None else {"num_warps": 4, "maxnreg": maxnreg}
+    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=opts)
+
+
 def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0):
     """The Gluon prefill score kernel (``triton.prefill_wgmma``) for SM90, specialized as
     ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128)."""
@@ -214,6 +241,27 @@ def mma_report(arch: int = 90) -> list[str]:
                      f"{st['spill_ops']} LDL/STL ({page_spills} in the page loop), page loop "
                      f"body {page_n} SASS instructions, "
                      f"{ptx.count('mma.sync.aligned')} mma.sync, "
+                     f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
+                     f"{k.metadata.shared} B shared")
+    return lines
+
+
+def wgflat_report() -> list[str]:
+    """One line per (Q, H) of the Gluon page-per-warp decode scorer (sm_90a): registers,
+    LDL/STL, the group loop's SASS instructions (four pages, one per warp) and HGMMAs, the
+    PTX's wgmma and cp.async counts and the shared-memory bytes."""
+    lines = []
+    for q_len, heads in ((8, 4), (4, 4), (1, 4)):
+        k = compile_wgflat(q_len=q_len, heads=heads)
+        st = sass_stats(k)
+        group_n, hg, group_spills = min((n, hg, sp) for (n, hg), sp
+                                        in zip(st["loops"], st["loop_spills"]) if hg)
+        ptx = k.asm["ptx"]
+        lines.append(f"wgflat  Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
+                     f"{st['registers']} registers, {st['local_bytes']} B local, "
+                     f"{st['spill_ops']} LDL/STL ({group_spills} in the group loop), group "
+                     f"loop body {group_n} SASS instructions with {hg} HGMMA, "
+                     f"{ptx.count('wgmma.mma_async')} wgmma, "
                      f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
                      f"{k.metadata.shared} B shared")
     return lines
@@ -317,6 +365,8 @@ def main(argv=None) -> int:
                     help="the gather and insert kernels instead of the score kernels")
     ap.add_argument("--wgmma", action="store_true",
                     help="the Gluon wgmma decode scorer (decode dequant 'wgmma')")
+    ap.add_argument("--wgflat", action="store_true",
+                    help="the Gluon page-per-warp wgmma decode scorer (wgflat_scorer)")
     ap.add_argument("--mma", action="store_true",
                     help="the Gluon warp-per-split decode scorer (decode dequant 'mma')")
     ap.add_argument("--arch", type=int, default=90, help="--mma target (89, 90, 100)")
@@ -326,6 +376,10 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
+    if args.wgflat:
+        for line in wgflat_report():
+            print(line)
+        return 0
     if args.wgmma:
         for line in wgmma_report():
             print(line, flush=True)

@@ -1,12 +1,12 @@
-"""The page-score decode paths (``triton.decode_wgmma``: the Gluon "mma" and "wgmma" scorers,
-``triton.lut``) vs the reference (SPEC 1.4, 4-6, 9, 10).
+"""The page-score decode paths (``triton.decode_wgmma``: the Gluon "mma", "wgflat" and "wgmma"
+scorers, ``triton.lut``) vs the reference (SPEC 1.4, 4-6, 9, 10).
 
 CPU (interpreter): the lookup table and its portable twin bit for bit over all 16 codes x 256
 scale bytes; the plain-Triton twin of the two-launch decode ("lut": same scratch, same select
 kernel) against the exact reference, with poisoned outputs, NaN / negative-scale pages, exact
-ties, and SPEC 10 clamps (block ids outside the cache, seq_lens past the table width); both
+ties, and SPEC 10 clamps (block ids outside the cache, seq_lens past the table width); the
 Gluon scorers compile offline for sm_90a (and "mma" for sm_100a) without spills.
-GPU (SM90): the inline-PTX lookup bit for bit, and the same tests through both Gluon scorers
+GPU (SM90): the inline-PTX lookup bit for bit, and the same tests through the Gluon scorers
 against the reference (tie-aware, b = 15), in CUDA-graph replays after in-place changes.
 """
 
@@ -44,7 +44,9 @@ from conformance.fixtures import OUT_POISON
 WG = K["decode_wgmma"]
 # the page-score scorers a test runs: the Gluon kernels on a GPU that has them, else the twin
 FAST_MODES = [m for m, ok in (("mma", HAS_CUDA and WG.mma_available(DEV)),
+                              ("wgflat", HAS_CUDA and WG.wgmma_available(DEV)),
                               ("wgmma", HAS_CUDA and WG.wgmma_available(DEV))) if ok] or ["lut"]
+FLAT_MODES = [m for m in FAST_MODES if m in ("mma", "wgflat", "lut")]  # the flat grid's
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
@@ -150,10 +152,11 @@ def test_flat_partition_scores_every_page_once(counts, programs):
     assert max(loads) - min(loads) <= 1
 
 
-@pytest.mark.parametrize("dequant", FAST_MODES[:1])
+@pytest.mark.parametrize("dequant", FLAT_MODES)
 def test_flat_score_kernel_writes_exactly_the_scored_pages(dequant):
-    """The score kernel on the flat grid (``dequant`` "mma" on a GPU that has it, else the
-    twin): with 1, 3, 7, 40 and more programs than pages, the page-score scratch holds the
+    """The score kernels on the flat grid ("mma" and "wgflat" on a GPU that has them, else the
+    twin): with 1, 3, 7, 40 and more programs than pages (for "wgflat": groups of four pages
+    whose idle warps store nothing), the page-score scratch holds the
     same bits, written at ``[b, n, j]`` for every scored page j < n_b of every row n < N
     and nowhere else (NaN-poisoned): requests of 0, short (<= 15 pages: none scored), and
     long histories, a padding request, programs spanning several requests."""
@@ -284,7 +287,7 @@ def test_gpu_lut_asm_bit_exact():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dequant", ["mma", "wgmma"])
+@pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgmma"])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
 def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
     """The Gluon scorers: tie-aware vs the exact reference (b = 15), captured once in a CUDA
@@ -394,6 +397,33 @@ def test_wgmma_scorer_compiles_offline_for_sm90():
             assert regs <= 128, ln
 
 
+_WGFLAT_COMPILE = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+from benchmarks.sass_stats import wgflat_report
+for line in wgflat_report():
+    print(line)
+'''
+
+
+def test_wgflat_scorer_compiles_offline_for_sm90():
+    """The page-per-warp wgmma scorer compiles for sm_90a (no GPU): the A-operand conversions
+    are register renamings (``assert_trivial``), nothing spills (LDL / STL counted), at most
+    128 registers (``WGFLAT_PROGRAMS_PER_SM`` = 4 programs of 4 warps fit an SM), the group
+    loop (four pages, one per warp) holds its 64 HGMMA (8 chunks x 2 halves x 4 k-steps),
+    33 cp.async (3 copies per chunk: 3 chunks before the loop, 8 in it) and the shared memory
+    is the 4-slot ring (18 KB) plus the query (256 B per row)."""
+    from nvfp4_indexer.triton.heuristics import WGFLAT_PROGRAMS_PER_SM
+    lines = _offline(_WGFLAT_COMPILE)
+    assert len(lines) == 3, lines
+    assert WGFLAT_PROGRAMS_PER_SM * 4 * 32 * 128 <= 65536
+    for ln in lines:
+        regs = int(ln.split(": ")[1].split()[0])
+        rows = int(ln.split(" N ")[1].split(":")[0])
+        assert regs <= 128 and " 0 B local, 0 LDL/STL (0 in the group loop)" in ln, ln
+        assert f"with 64 HGMMA, 64 wgmma, 33 cp.async, {18432 + 256 * rows} B shared" in ln, ln
+
+
 @pytest.mark.parametrize("dequant", ["lut", "triton"])
 def test_decode_runner_refuses_an_empty_cache(dequant):
     """Block ids are clamped into the cache (SPEC 10), so an empty cache is refused by name
@@ -413,6 +443,7 @@ def test_decode_runner_refuses_an_empty_cache(dequant):
 
 
 @pytest.mark.parametrize("dequant,offset,stride", [("mma", 8, 9216), ("mma", 0, 9224),
+                                                   ("wgflat", 8, 9216), ("wgflat", 0, 9224),
                                                    ("wgmma", 4, 9216), ("wgmma", 0, 9220)])
 def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
     """A cache view whose base or page stride the Gluon scorer cannot read ("mma": 16-byte
@@ -439,7 +470,8 @@ def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
 def test_choose_dequant_page_score_rule(monkeypatch):
     """The default-dequant rule of ``heuristics.choose_dequant`` on a (simulated) SM90 GPU:
     "mma" from ``MMA_MIN_PAGES`` pages B * (W - 1) and ``MMA_MIN_WIDTH`` pages W - 1 at <= 32
-    rows,
+    rows, "wgflat" from ``WGFLAT_MIN_PAGES`` (or the explicit ``min_pages`` when larger) at
+    32 rows,
     "wgmma" from ``WGMMA_MIN_PAGES`` at 64 rows (any B), an explicit ``min_pages`` for both,
     never without rows to score (W - 1 <= 15), off SM90 or with another dot; else the
     one-launch kernel's mode."""
@@ -455,6 +487,11 @@ def test_choose_dequant_page_score_rule(monkeypatch):
         return hz.choose_dequant(dev, dot, b, w, min_pages, rows)
     assert reqs * (w_min - 1) == pages
     assert pick(reqs, w_min, 32) == "mma" and pick(reqs, w_min, 16) == "mma"
+    flat = hz.WGFLAT_MIN_PAGES // 128  # requests of W - 1 = 128 pages
+    assert pick(flat, 129, 32) == "wgflat" and pick(flat, 129, 16) == "mma"  # 32 rows only
+    assert pick(flat - 1, 129, 32) == "mma" and pick(flat, 129, 64) == "wgmma"
+    assert pick(flat, 129, 32, min_pages=2 * hz.WGFLAT_MIN_PAGES) == "triton"
+    assert pick(2 * flat, 129, 32, min_pages=2 * hz.WGFLAT_MIN_PAGES) == "wgflat"
     assert pick(reqs - 1, w_min, 32) == "triton"  # 64 pages short
     assert pick(1, pages + 1, 32) == "mma"  # one long request
     assert pick(10 * reqs, w_min - 1, 32) == "triton"  # short requests
@@ -480,14 +517,20 @@ from nvfp4_indexer.reference.paging import new_index_cache
 from nvfp4_indexer.triton import decode_wgmma as WG
 from nvfp4_indexer.triton.heuristics import MMA_STAGES
 from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
+from nvfp4_indexer.triton.wgflat_scorer import wgflat_score_kernel
 from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
 backend = CUDABackend(GPUTarget("cuda", 90, 32))
-for name, fn in (("mma", mma_score_kernel), ("wgmma", wgmma_score_kernel)):
+for name, fn in (("mma", mma_score_kernel), ("wgflat", wgflat_score_kernel),
+                 ("wgmma", wgmma_score_kernel)):
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     if name == "mma":
         cl, mma, ql, scl = WG.mma_layouts(32)
         consts = dict(BB=32, CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
         flat = (16, 1584)  # num_reqs, num_programs
+    elif name == "wgflat":
+        cl, mma, ql, scl, b_sl = WG.wgflat_layouts(32)
+        consts = dict(BB=32, CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl, STAGES=4, ASYNC=1)
+        flat = (16, 528)
     else:
         cl, mma, ql, b_sl = WG.gluon_layouts(32)
         consts = dict(NUM_SPLITS=8, CL=cl, MMA=mma, QL=ql, B_SL=b_sl)
@@ -517,12 +560,12 @@ def test_gluon_scorers_warmup_compiles_what_real_launches_run():
     scorers take no value specialization of their ints (block count, page stride, strides,
     width). Checked on the JIT's own binder, offline."""
     lines = _offline(_SPECIALIZATION)
-    assert len(lines) == 6 and all(ln.endswith(" True") for ln in lines), lines
+    assert len(lines) == 9 and all(ln.endswith(" True") for ln in lines), lines
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dequant", ["mma", "wgmma"])
+@pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgmma"])
 def test_gpu_page_score_first_run_captured(dequant):
     """The Gluon scorers' first real run may be the captured one (the runner's warmup
     compiled it): a padded page stride and many blocks, no eager run before capture."""

@@ -72,6 +72,18 @@ VARIANTS = {
     "mma lab1": {"dequant": "mma", "_lab": 1},
     "mma lab2": {"dequant": "mma", "_lab": 2},
     "mma lab3": {"dequant": "mma", "_lab": 3},
+    # the page-per-warp wgmma scorer (``wgflat_scorer``): ring slots, async low half, residency
+    "wgf": {"dequant": "wgflat"},
+    "wgf sync": {"dequant": "wgflat", "_wgf_async": 0},
+    "wgf sync r96": {"dequant": "wgflat", "_wgf_async": 0, "maxnreg": 96, "programs_per_sm": 5},
+    "wgf s8": {"dequant": "wgflat", "_wgf_stages": 8},
+    "wgf pps3": {"dequant": "wgflat", "programs_per_sm": 3},
+    "wgf pps4": {"dequant": "wgflat", "programs_per_sm": 4},
+    "wgf pps5": {"dequant": "wgflat", "programs_per_sm": 5},
+    "wgf pps6": {"dequant": "wgflat", "programs_per_sm": 6},
+    "wgf pps8": {"dequant": "wgflat", "programs_per_sm": 8},
+    "wgf lab2": {"dequant": "wgflat", "_lab": 2},  # no lookup (wrong scores)
+    "wgf lab3": {"dequant": "wgflat", "_lab": 3},  # no MMA (wrong scores)
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
     "pps8": {"programs_per_sm": 8},
@@ -93,6 +105,8 @@ def make_runner(b, width, dev, kw):
     kw = dict(kw)
     lab = kw.pop("_lab", 0)
     narrow = kw.pop("_narrow_select", False)
+    wgf = (kw.pop("_wgf_stages", None), kw.pop("_wgf_async", None))
+    decode_wgmma.WGFLAT_LAB_STAGES, decode_wgmma.WGFLAT_LAB_ASYNC = wgf
     wide_rows = decode_wgmma.SELECT_WIDE_MAX_ROWS
     decode_wgmma.MMA_LAB = lab
     if narrow:
@@ -102,7 +116,8 @@ def make_runner(b, width, dev, kw):
     finally:
         decode_wgmma.MMA_LAB = 0
         decode_wgmma.SELECT_WIDE_MAX_ROWS = wide_rows
-    runner.lab = (lab, narrow)
+        decode_wgmma.WGFLAT_LAB_STAGES = decode_wgmma.WGFLAT_LAB_ASYNC = None
+    runner.lab = (lab, narrow, wgf)
     return runner
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
          (128, 1_000)]  # (batch, nominal len)
@@ -310,7 +325,7 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
             try:
                 runner = make_runner(b, width, dev, kw)
                 # page-score modes: the flat grid's programs (P); else splits per request
-                flat = runner.dequant in ("mma", "lut")
+                flat = runner.dequant in ("mma", "wgflat", "lut")
                 rec["splits"] = f"P{runner.programs}" if flat else runner.num_splits
                 launch = (runner.dequant, runner.dot, runner.num_splits, runner.window,
                           runner.num_warps, runner.num_stages, runner.maxnreg, runner.pdl,

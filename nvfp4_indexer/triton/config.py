@@ -19,7 +19,8 @@ from .ptx import DEQUANT_MODES as KERNEL_DEQUANT_MODES  # the one-launch score k
 from .dot_modes import DOT_MODES
 
 # Mode names (the kernels' DEQUANT constexprs).
-PAGE_SCORE_MODES = ("wgmma", "mma", "lut")  # decode_wgmma: page scores to a scratch, then select
+# decode_wgmma: page scores to a scratch, then select
+PAGE_SCORE_MODES = ("wgmma", "mma", "wgflat", "lut")
 DECODE_DEQUANT_MODES = KERNEL_DEQUANT_MODES + PAGE_SCORE_MODES
 GATHER_DEQUANT_MODES = ("triton", "ptx")
 POW2_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
@@ -58,12 +59,13 @@ class DecodeConfig(_Config):
         dot: dot mode, one of ``DOT_MODES`` (default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" and "fp8" for comparison, see ``decode.SCORE_ERROR_BITS``).
         dequant: one of ``DECODE_DEQUANT_MODES`` (default ``heuristics.choose_dequant``):
-            "mma" (one warp per program, CUDA SM89+, dot fp16) / "wgmma" (SM90, dot fp16) /
+            "mma" (one warp per program, CUDA SM89+, dot fp16) / "wgflat" (one page per
+            warp of a wgmma warpgroup, SM90, dot fp16) / "wgmma" (SM90, dot fp16) /
             "lut" (their plain-Triton twin, dot fp32) score pages to a scratch then select
             (``decode_wgmma``); "triton" / "ptx" (SM89+) / "ptx_arith" (SM90+) run the
             one-launch kernel (ptx modes: CUDA and dot fp16).
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
-            ``heuristics.choose_num_splits``); for "mma" / "lut", whose grid is flat
+            ``heuristics.choose_num_splits``); for "mma" / "wgflat" / "lut", whose grid is flat
             (``decode_wgmma.flat_partition``), it sets the grid to ``B * num_splits``
             programs.
         window: pages scored between two top-k merges, a power of two with
@@ -73,16 +75,18 @@ class DecodeConfig(_Config):
         num_warps: score-kernel warps, one of 1, 2, 4, 8, 16. num_stages: its pipeline
             stages, >= 1.
         programs_per_sm: split target (default ``PROGRAMS_PER_SM``; ``WGMMA_PROGRAMS_PER_SM``
-            for "wgmma"; for "mma" the flat grid's programs per SM, default
-            ``MMA_PROGRAMS_PER_SM``: one wave; ignored when ``num_splits`` is given), >= 1.
+            for "wgmma"; for "mma" / "wgflat" the flat grid's programs per SM, default
+            ``MMA_PROGRAMS_PER_SM`` / ``WGFLAT_PROGRAMS_PER_SM``: one wave; ignored when
+            ``num_splits`` is given), >= 1.
         maxnreg: score-kernel register cap in 24..255, or None for the mode's default
-            (``MAXNREG`` for the one-launch kernel, ``MMA_MAXNREG`` for "mma"; "wgmma" and
-            "lut" take no cap and ignore it; the interpreter has none).
+            (``MAXNREG`` for the one-launch kernel, ``MMA_MAXNREG`` for "mma", none for
+            "wgflat"; "wgmma" and "lut" take no cap and ignore it; the interpreter has none).
         pdl: launch the merge kernel with programmatic dependent launch (SM90+ only).
         page_score_min_pages: B * (W - 1) from which the default dequant on an SM90 GPU is
             a page-score mode rather than the one-launch "ptx": "mma" at <= ``MMA_MAX_ROWS``
-            rows (and W - 1 >= ``MMA_MIN_WIDTH``), "wgmma" above (default ``MMA_MIN_PAGES`` /
-            ``WGMMA_MIN_PAGES``; ``heuristics.choose_dequant``), >= 0.
+            rows (and W - 1 >= ``MMA_MIN_WIDTH``; "wgflat" from ``WGFLAT_MIN_PAGES`` at 32 rows),
+            "wgmma" above (default ``MMA_MIN_PAGES`` / ``WGMMA_MIN_PAGES``;
+            ``heuristics.choose_dequant``), >= 0.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """

@@ -26,7 +26,7 @@ Dequantization (the ``DEQUANT`` constexpr, ``DecodeConfig(dequant=...)``): "trit
 pairs, inline-PTX dequantization (bit-exact SPEC 1.4, "ptx_arith" without conversion
 instructions) and four K=32 fp16 MMAs over dims 4i + j. "ptx" is the one-launch default on
 SM89+ GPUs; large batches on SM90 take a page-score mode instead (``decode_wgmma``: "mma",
-"wgmma"; ``heuristics.choose_dequant``).
+"wgflat", "wgmma"; ``heuristics.choose_dequant``).
 These and window / num_warps / num_stages / programs_per_sm / maxnreg are the tuning fields
 of ``config.DecodeConfig`` (``benchmarks/labs/dequant_lab.py`` varies them; measurements:
 docs/benchmarks.md).
@@ -260,14 +260,18 @@ class DecodeRunner:
                                                    cfg.page_score_min_pages, self.block_m)
         _check_dequant(dequant, self.dot, self.device)
         pps = cfg.programs_per_sm or {"wgmma": hz.WGMMA_PROGRAMS_PER_SM,
-                                      "mma": hz.MMA_PROGRAMS_PER_SM}.get(dequant,
-                                                                         hz.PROGRAMS_PER_SM)
+                                      "mma": hz.MMA_PROGRAMS_PER_SM,
+                                      "wgflat": hz.WGFLAT_PROGRAMS_PER_SM}.get(
+                                          dequant, hz.PROGRAMS_PER_SM)
         self.num_splits = cfg.num_splits or choose_num_splits(
             num_reqs, width, hz.num_sms(self.device), pps)
         # the flat page-score grid ("mma": one wave of equal shares; "lut": B * NUM_SPLITS)
         self.programs = hz.page_score_programs(
             num_reqs, width, hz.num_sms(self.device), pps,
-            cfg.num_splits or (None if dequant == "mma" else self.num_splits))
+            cfg.num_splits or (None if dequant in ("mma", "wgflat") else self.num_splits))
+        if dequant == "wgflat" and not cfg.num_splits:  # four pages per group, one per warp
+            self.programs = max(1, min(self.programs, hz.cdiv(
+                num_reqs * max(width - 1, 1), 4 * hz.WGFLAT_MIN_GROUPS)))
         window = cfg.window or hz.decode_window(self.num_splits, width, self.block_m)
         if window * self.block_m > hz.MAX_WINDOW_ELEMS:
             raise ValueError(f"window: expected a power of two with window * BLOCK_M <= "
@@ -410,8 +414,9 @@ def _check_dequant(dequant: str, dot: str, device: torch.device) -> None:
     if dequant == "mma" and (dot != "fp16" or not decode_wgmma.mma_available(device)):
         raise ValueError(f"dequant: 'mma' needs a CUDA SM89+ GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")
-    if dequant == "wgmma" and (dot != "fp16" or not decode_wgmma.wgmma_available(device)):
-        raise ValueError(f"dequant: 'wgmma' needs a CUDA SM90 GPU and dot 'fp16', got dot "
+    if dequant in ("wgmma", "wgflat") and (
+            dot != "fp16" or not decode_wgmma.wgmma_available(device)):
+        raise ValueError(f"dequant: {dequant!r} needs a CUDA SM90 GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")
     if dequant in KERNEL_DEQUANT_MODES and dequant != "triton" and (
             dot != "fp16" or portable_default(device)):

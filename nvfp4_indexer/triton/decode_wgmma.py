@@ -3,11 +3,11 @@
 Two launches per run:
 
 1. Score kernel: "wgmma" on grid ``(B, NUM_SPLITS)`` (``heuristics.choose_num_splits``);
-   "mma" and the "lut" twin on a flat grid of P programs (``flat_partition``: the batch's
+   "mma", "wgflat" and the "lut" twin on a flat grid of P programs (``flat_partition``: the batch's
    scored pages end to end, equal shares; ``heuristics.page_score_programs``).
    A program scores its share of request b's history pages ``j < n`` for the request's
    ``N`` query rows (row n = i*H + h; N = ``heuristics.block_rows``) and writes the fp32 page
-   scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Two Gluon scorers, both with
+   scores to ``scores[b, n, j]`` (scratch ``[B, N, W]``). Three Gluon scorers, all with
    table-lookup dequantization in registers (``lut.LUT_ASM``, bit-exact SPEC 1.4) feeding
    fp16 MMA operands directly (fp32 accumulation: the error bound of dot mode "fp16", SPEC 9
    b = 15) and a NaN-skipping max over tokens:
@@ -15,6 +15,11 @@ Two launches per run:
    - "mma" (``mma_scorer``, the default at <= 32 rows): one warp per program, raw 16-token
      chunks streamed through a shared-memory ring by cp.async, ``mma.sync`` m16n8k16 against
      the query held in registers, no barrier between warps.
+   - "wgflat" (``wgflat_scorer``, the default at 32 rows for large batches): one
+     warpgroup per program on the same flat grid, one page per warp: each warp fills its 16
+     rows of a [64 tokens, 128] wgmma A tile from its own page (chunks through a cp.async
+     ring), one ``warpgroup_mma`` per K half against the query in shared memory, the max
+     over a page's tokens inside its warp.
    - "wgmma" (``wgmma_scorer``, 64 rows): one warpgroup per program, 9 KB of raw bytes per
      page loaded straight into the wgmma A-operand layout (one page ahead), one
      ``warpgroup_mma [128 tokens, 128] x [128, N]`` against the query in shared memory.
@@ -58,6 +63,8 @@ from .topk import EMPTY, candidate_id, pack_candidate
 SELECT_CHUNK = 1024  # pages per step of a select program's first pass
 SELECT_GROUP = 128  # pages of one residue class a select round reloads per step
 SELECT_WARPS = 1  # one warp per row: each selection round stays inside the warp
+WGFLAT_LAB_STAGES = None  # labs only: the wgflat scorer's ring slots / ASYNC (None: defaults)
+WGFLAT_LAB_ASYNC = None
 MMA_LAB = 0  # labs only: the "mma" scorer's speed-of-light variant (``mma_scorer`` LAB)
 # the wide select (a row's keys in registers on several warps, 15 register-only rounds) for
 # batches of at most this many rows B * Q * H, W up to SELECT_WIDE_MAX_WIDTH: few rows do not
@@ -321,9 +328,33 @@ def mma_layouts(rows: int):
     return cl, mma, ql, scl
 
 
+@functools.lru_cache(maxsize=None)
+def wgflat_layouts(rows: int):
+    """Constexpr layouts of the page-per-warp wgmma scorer (``wgflat_scorer``, 4 warps) for
+    N = ``rows`` query rows: ``(CL, MMA, QL, SCL, B_SL)`` -- the A-tile code / scale read
+    layout ``[64, 4, 2]`` (``mma_layouts``' CL with warp w on rows 16w .. 16w+15: the wgmma A
+    operand's bases), the wgmma accumulator, the query load, the cp.async layout of a tile's
+    scale bytes ``[64, 8]`` and the query's shared layout (cached)."""
+    from triton.experimental.gluon import language as gl
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 2])
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                    instr_shape=[16, rows, 16])
+    ql = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
+                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+                                     warp_bases=[[16, 0], [32, 0]], block_bases=[],
+                                     shape=[64, 8])
+    b_sl = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * rows), element_bitwidth=16,
+                                rank=2)
+    return cl, mma, ql, scl, b_sl
+
+
 # byte alignment of the cache base each Gluon scorer's copies need (and of the page stride:
 # 16, SPEC 2, passed in 16-byte units)
-GLUON_CACHE_ALIGN = {"mma": 16, "wgmma": 8}
+GLUON_CACHE_ALIGN = {"mma": 16, "wgflat": 16, "wgmma": 8}
 
 
 def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
@@ -385,6 +416,17 @@ class PageScoreLaunch:
                                       CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES,
                                       LAB=MMA_LAB, num_warps=1,
                                       maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
+        elif dequant == "wgflat":
+            from .heuristics import WGFLAT_ASYNC, WGFLAT_STAGES
+            from .wgflat_scorer import wgflat_score_kernel
+            cl, mma, ql, scl, b_sl = wgflat_layouts(rows)
+            opts = {} if maxnreg is None else {"maxnreg": maxnreg}
+            self.score = CachedLaunch(wgflat_score_kernel, Q=query_len, H=num_heads, N=rows,
+                                      BB=bb, CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
+                                      STAGES=WGFLAT_STAGES if WGFLAT_LAB_STAGES is None
+                                      else WGFLAT_LAB_STAGES,
+                                      ASYNC=WGFLAT_ASYNC if WGFLAT_LAB_ASYNC is None
+                                      else WGFLAT_LAB_ASYNC, LAB=MMA_LAB, num_warps=4, **opts)
         else:
             self.score = CachedLaunch(_portable_score_kernel, Q=query_len, H=num_heads, N=rows,
                                       BB=bb, num_warps=4)
@@ -417,7 +459,7 @@ class PageScoreLaunch:
             self.score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0) // 16, num_blocks, block_table, block_table.stride(0),
                        width, seq_lens, table, scores)
-        elif dequant == "mma":  # the page stride in 16-byte units
+        elif dequant in ("mma", "wgflat"):  # the page stride in 16-byte units
             self.score((self.programs,), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0) // 16, num_blocks, block_table, block_table.stride(0),
                        width, seq_lens, table, scores, b, self.programs)

@@ -28,6 +28,12 @@ MMA_MIN_WIDTH = 64  # ... and W - 1 from this (shorter requests: the one-launch 
 MMA_PROGRAMS_PER_SM = 12  # flat programs per SM of the mma path: its residency (one wave)
 MMA_MAXNREG = 168  # its register cap: 3 one-warp programs per scheduler, no spills
 MMA_STAGES = 4  # chunk slots of its cp.async ring (3 chunks of 16 tokens in flight)
+WGFLAT_PROGRAMS_PER_SM = 4  # its flat programs per SM: residency at <= 128 registers
+WGFLAT_MIN_PAGES = 24576  # B * (W - 1) from this on SM90 at 32 rows: dequant "wgflat"
+WGFLAT_MIN_ROWS = 32  # ... and BLOCK_M from this (at 16 rows it measured even with "mma")
+WGFLAT_MIN_GROUPS = 2  # its flat programs: at most one per this many groups of 4 pages
+WGFLAT_STAGES = 4  # chunk slots of its cp.async ring
+WGFLAT_ASYNC = 1  # the low K half's wgmma runs while the high half is looked up
 MMA_MAX_ROWS = 32  # BLOCK_M above this (Q * H = 64): the wgmma scorer instead
 WGMMA_MIN_PAGES = 16384  # B * (W - 1) from this at BLOCK_M 64: the wgmma scorer
 WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
@@ -311,18 +317,24 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
     on SM90 GPUs with dot fp16, for batches of at least ``min_pages`` pages B * (W - 1) with
     rows to score, "mma" (``decode_wgmma``'s warp-per-program scorer; default ``min_pages``
     ``MMA_MIN_PAGES``, and W - 1 >= ``MMA_MIN_WIDTH``) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at
-    more rows (default ``WGMMA_MIN_PAGES``: the mma scorer spills there); else
-    ``default_dequant`` (the one-launch kernel: its fused top-k saves the select launch).
-    "mma" also runs on SM89 and SM100 (``mma.sync``; compiled offline for sm_100a) but is
-    measured on SM90 only, so it is the default there only."""
+    more rows (default ``WGMMA_MIN_PAGES``: the mma scorer spills there); at 32 rows
+    (``WGFLAT_MIN_ROWS``) from ``max(min_pages, WGFLAT_MIN_PAGES)`` pages "wgflat" (the
+    page-per-warp wgmma scorer) instead of "mma"; else ``default_dequant`` (the one-launch
+    kernel: its fused top-k saves the select launch). "mma" also runs on SM89 and SM100
+    (``mma.sync``; compiled offline for sm_100a) but is measured on SM90 only, so it is the
+    default there only."""
     from .decode_wgmma import mma_available
     wide = rows > MMA_MAX_ROWS
     if min_pages is None:
         min_pages = WGMMA_MIN_PAGES if wide else MMA_MIN_PAGES
-    if dot == "fp16" and num_reqs * (width - 1) >= min_pages and width - 1 > SHORT_MAX_LOCAL \
+    pages = num_reqs * (width - 1)
+    if dot == "fp16" and pages >= min_pages and width - 1 > SHORT_MAX_LOCAL \
             and (wide or width - 1 >= MMA_MIN_WIDTH) and mma_available(device) \
             and torch.cuda.get_device_capability(device) == (9, 0):
-        return "wgmma" if wide else "mma"
+        if wide:
+            return "wgmma"
+        flat = rows >= WGFLAT_MIN_ROWS and pages >= max(min_pages, WGFLAT_MIN_PAGES)
+        return "wgflat" if flat else "mma"
     return default_dequant(device, dot)
 
 

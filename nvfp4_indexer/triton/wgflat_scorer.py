@@ -1,0 +1,228 @@
+"""Gluon score kernel of the page-per-warp wgmma decode path (``decode_wgmma``, dequant
+"wgflat"; CUDA SM90 only).
+
+One warpgroup per program on the flat grid of the "mma" scorer (``mma_scorer.flat_work``:
+program p scores flat pages [p*T//P, (p+1)*T//P) of the batch, request by request). Per
+request segment the query rows sit in shared memory as the wgmma B operand (fp16, two K=64
+halves, dims in ``decode_wgmma.phys_dim`` order); the segment's pages go in groups of four,
+**one page per warp**: warp w owns rows 16w .. 16w+15 of every [64 tokens, 128] A tile, filled
+with 16 tokens of page g + w. So the four warps' MMAs share one ``warpgroup_mma``
+(m64nNk16: the full-rate tensor path, 16 instructions per page against 256 ``mma.sync``) while
+the max over a page's tokens stays inside its warp (a running per-thread max over the page's
+8 chunks, one cross-lane reduction per page; no cross-warp reduction).
+
+- Chunks (16 tokens of each warp's page: 4 KB of codes + 512 scale bytes per CTA) stream
+  through a shared-memory ring of ``STAGES`` slots filled by ``cp.async`` (``STAGES - 1`` in
+  flight); each thread copies the 16-byte code runs it reads back, in the layout ``CL`` whose
+  lane and warp bases are those of the wgmma A operand.
+- Per chunk and K half: ``lut.LUT_ASM`` (bit-exact SPEC 1.4) into a trivially converted A
+  operand, ``warpgroup_mma [64, 64] x [64, N]`` (fp16 operands, fp32 accumulation: SPEC 9
+  b = 15). ``ASYNC`` issues the low half's MMA before the high half's lookup.
+- The last group of a segment may have fewer than four pages: the idle warps rescore the
+  segment's last page (in cache, never a page outside the row: SPEC 10) and store nothing.
+
+Same scratch, select kernel and SPEC 10 clamps as the other scorers; the "lut" twin covers
+its semantics on the CPU.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from .layout import PAGE, SCALES_OFFSET
+from .mma_scorer import _CONSTRAINTS, _RAW_ASM, _lookup_only, flat_work, scored_page_count
+from .wgmma_scorer import _SPLIT_ASM, _dequant_half, _half_operands, _load_q
+
+CHUNK = gl.constexpr(16)  # tokens of one warp's page per A tile (its 16 rows)
+WARPS = gl.constexpr(4)  # one warpgroup: four pages per group
+
+
+@gluon.jit
+def _block_ids(bt_row, g, end, num_blocks, L: gl.constexpr):
+    """Block ids of pages ``min(g + r // 16, end - 1)`` for the 64 tile rows r (layout L),
+    clamped to the cache (SPEC 10): each warp's rows name its page."""
+    r = gl.arange(0, WARPS * CHUNK, layout=L)
+    blk = gl.load(bt_row + gl.minimum(g + r // CHUNK, end - 1))
+    return gl.minimum(gl.maximum(blk, 0), num_blocks - 1)
+
+
+@gluon.jit
+def _issue_chunk(ring_c, ring_s, cache64, cache8, ids_c, ids_s, page_stride16, off64, soff,
+                 k: gl.constexpr, STAGES: gl.constexpr):
+    """cp.async of chunk k % 8 of each warp's page (block ids ``ids_c`` in the code layout,
+    ``ids_s`` in the scale layout) into ring slot k % STAGES, one commit group."""
+    c: gl.constexpr = k % 8
+    base_c = ids_c.to(gl.int64) * page_stride16 * 2  # int64 elements: 16-byte aligned
+    base_c = gl.expand_dims(gl.expand_dims(base_c, 1), 2)
+    async_copy.async_copy_global_to_shared(ring_c.index(k % STAGES),
+                                           cache64 + base_c + off64 + c * CHUNK * 8)
+    base_s = gl.expand_dims(ids_s.to(gl.int64) * page_stride16 * 16, 1)  # bytes
+    async_copy.async_copy_global_to_shared(ring_s.index(k % STAGES),
+                                           cache8 + base_s + soff + c * CHUNK * 8)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _raw_operand(codes, A_L: gl.constexpr):
+    """LAB 2: a [64, 64] fp16 operand from the code words' bits (no lookup, no table)."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        _RAW_ASM, _CONSTRAINTS, [codes, codes, codes.to(gl.int32)],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True, pack=1)
+    x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
+                gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    y = gl.join(x, x)
+    f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
+                                  pack=2)
+    f = gl.permute(f, [0, 2, 3, 4, 1, 5])
+    return gl.convert_layout(gl.reshape(f, [WARPS * CHUNK, 64]), A_L, assert_trivial=True)
+
+
+@gluon.jit
+def _chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
+                  ASYNC: gl.constexpr, LAB: gl.constexpr):
+    """[64 rows, N] fp32 dot products of one A tile (both K halves). ``LAB`` (speed-of-light
+    variants for ``benchmarks.labs.dequant_lab``; 0 in the library): 2 feeds the MMA an
+    operand made from the code words without the lookup (wrong scores)."""
+    if LAB == 2:
+        c_lo, c_hi = gl.split(codes)
+        acc = warpgroup_mma(_raw_operand(c_lo, A_L), q_lo, zero, use_acc=False)
+        return warpgroup_mma(_raw_operand(c_hi, A_L), q_hi, acc)
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
+    a_lo = _dequant_half(c_lo, s_lo, r_lo, A_L, WARPS * CHUNK)
+    if ASYNC:
+        tok = warpgroup_mma(a_lo, q_lo, zero, use_acc=False, is_async=True)
+        a_hi = _dequant_half(c_hi, s_hi, r_hi, A_L, WARPS * CHUNK)
+        tok = warpgroup_mma(a_hi, q_hi, tok, is_async=True)
+        acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[tok, a_lo, a_hi])
+        return acc
+    acc = warpgroup_mma(a_lo, q_lo, zero, use_acc=False)
+    return warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L, WARPS * CHUNK), q_hi, acc)
+
+
+@gluon.jit
+def _tile_max(x, N: gl.constexpr):
+    """Max over the two token rows (g, g + 8) each thread holds of each warp's 16:
+    [64, N] -> [4 warps, 8, N]."""
+    return gl.max(gl.reshape(x, [WARPS, 2, 8, N]), axis=1)
+
+
+# The launcher's warmup (a 1-block cache, a contiguous q) must compile the variant real
+# launches use (CUDA-graph capture must not compile): no value specialization of these ints.
+@gluon.jit(do_not_specialize=["q_row_stride", "q_head_stride", "page_stride16", "num_blocks",
+                              "bt_stride", "width", "num_reqs", "num_programs"])
+def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride16,
+                        num_blocks, bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr,
+                        scores_ptr, num_reqs, num_programs, Q: gl.constexpr, H: gl.constexpr,
+                        N: gl.constexpr, BB: gl.constexpr, CL: gl.constexpr,
+                        MMA: gl.constexpr, QL: gl.constexpr, SCL: gl.constexpr,
+                        B_SL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr,
+                        LAB: gl.constexpr = 0):
+    VL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    NCH: gl.constexpr = PAGE // CHUNK
+    gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
+    s, e, b0, b1, eb = flat_work(seq_lens_ptr, num_reqs, width, gl.program_id(0),
+                                 num_programs, BB, VL)
+    ring_c = gl.allocate_shared_memory(gl.int64, [STAGES, WARPS * CHUNK, 4, 2],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+    ring_s = gl.allocate_shared_memory(gl.uint8, [STAGES, WARPS * CHUNK, 8],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
+    q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
+    cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
+    for b in range(b0, b1):  # each request the flat range touches: its pages [start, end)
+        ib = eb + scored_page_count(gl.load(seq_lens_ptr + b), width)  # flat pages [eb, ib)
+        start = gl.maximum(s, eb) - eb
+        end = gl.minimum(e, ib) - eb
+        eb = ib
+        if start < end:
+            gl.thread_barrier()  # every warp is done with the previous request's query
+            q_lo.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
+            q_hi.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
+            fence_async_shared()
+            gl.thread_barrier()
+            _score_pages(cache64, cache_ptr, page_stride16, num_blocks,
+                         bt_ptr + b.to(gl.int64) * bt_stride, tbl_ptr,
+                         scores_ptr + b.to(gl.int64) * N * width, width, start, end,
+                         ring_c, ring_s, q_lo, q_hi, N, CL, MMA, SCL, STAGES, ASYNC, LAB)
+
+
+@gluon.jit
+def _score_pages(cache64, cache8, page_stride16, num_blocks, bt_row, tbl_ptr, out_base, width,
+                 start, end, ring_c, ring_s, q_lo, q_hi, N: gl.constexpr, CL: gl.constexpr,
+                 MMA: gl.constexpr, SCL: gl.constexpr, STAGES: gl.constexpr,
+                 ASYNC: gl.constexpr, LAB: gl.constexpr):
+    """Pages ``[start, end)`` of one request (non-empty), four per group (warp w: page g + w);
+    row n's max of page j stored at ``out_base + n * width + j``."""
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    NCH: gl.constexpr = PAGE // CHUNK
+    ROWS: gl.constexpr = WARPS * CHUNK
+    IDC: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, CL))
+    IDS: gl.constexpr = gl.SliceLayout(1, SCL)
+    # a chunk's code (int64) offsets within its page in CL: row r = token r % 16, group 2j + g'
+    m = gl.arange(0, ROWS, layout=IDC)
+    jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))
+    gp = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
+    off64 = gl.expand_dims(gl.expand_dims((m % CHUNK) * 8, 1), 2) \
+        + gl.expand_dims(gl.expand_dims(jj, 0), 2) * 2 + gl.expand_dims(gl.expand_dims(gp, 0), 1)
+    st = gl.arange(0, ROWS, layout=IDS)
+    sb8 = gl.arange(0, 8, layout=gl.SliceLayout(0, SCL))
+    soff = SCALES_OFFSET + gl.expand_dims((st % CHUNK) * 8, 1) + gl.expand_dims(sb8, 0)
+    zero = gl.zeros([ROWS, N], gl.float32, layout=MMA)
+    # each warp's page and row n's score offset in the layout of a page max
+    rr = gl.expand_dims(gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA)), 1) \
+        + gl.zeros([ROWS, N], gl.int32, layout=MMA)
+    col = gl.expand_dims(gl.arange(0, N, layout=gl.SliceLayout(0, MMA)), 0) \
+        + gl.zeros([ROWS, N], gl.int32, layout=MMA)
+    wpage = gl.max(_tile_max(rr // CHUNK, N), axis=1)  # [4, N]: the warp index
+    rown = gl.max(_tile_max(col, N), axis=1)
+    out_off = rown * width + wpage
+    ids_c = _block_ids(bt_row, start, end, num_blocks, IDC)
+    ids_s = _block_ids(bt_row, start, end, num_blocks, IDS)
+    nids_c = _block_ids(bt_row, start + WARPS, end, num_blocks, IDC)
+    nids_s = _block_ids(bt_row, start + WARPS, end, num_blocks, IDS)
+    for k in gl.static_range(STAGES - 1):  # chunks 0 .. STAGES-2 of the first group
+        _issue_chunk(ring_c, ring_s, cache64, cache8, ids_c, ids_s, page_stride16, off64,
+                     soff, k, STAGES)
+    for g in range(start, end, WARPS):
+        # pages of group g + 2 (its chunks are issued during group g + 1)
+        nnids_c = _block_ids(bt_row, g + 2 * WARPS, end, num_blocks, IDC)
+        nnids_s = _block_ids(bt_row, g + 2 * WARPS, end, num_blocks, IDS)
+        for c in gl.static_range(NCH):
+            async_copy.wait_group(STAGES - 2)  # chunk c has landed (barriers by Triton)
+            codes = ring_c.index(c % STAGES).load(CL)
+            sb = ring_s.index(c % STAGES).reshape([ROWS, 4, 2]).load(CL)
+            if c + STAGES - 1 < NCH:  # chunk c + STAGES - 1 of this group or the next
+                _issue_chunk(ring_c, ring_s, cache64, cache8, ids_c, ids_s, page_stride16,
+                             off64, soff, c + STAGES - 1, STAGES)
+            else:
+                _issue_chunk(ring_c, ring_s, cache64, cache8, nids_c, nids_s, page_stride16,
+                             off64, soff, c + STAGES - 1, STAGES)
+            if LAB == 3:  # no MMA: the lookups folded by xor
+                x = _lookup_only(codes, sb, tbl_ptr)
+                if c == 0:
+                    runx = x
+                else:
+                    runx = runx ^ x
+            else:
+                red = _tile_max(_chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L, ASYNC,
+                                              LAB), N)
+                if c == 0:
+                    run = red
+                else:
+                    run = gl.maximum(run, red)  # max.f32 skips NaN (SPEC 4)
+        if LAB == 3:
+            v = gl.max(gl.max(runx, axis=1), axis=0).to(gl.float32)
+            gl.store(out_base + g + out_off, wpage * 0.0 + v, mask=g + wpage < end)
+        else:
+            gl.store(out_base + g + out_off, gl.max(run, axis=1), mask=g + wpage < end)
+        ids_c = nids_c
+        ids_s = nids_s
+        nids_c = nnids_c
+        nids_s = nnids_s
+    async_copy.wait_group(0)
+
