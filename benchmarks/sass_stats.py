@@ -155,7 +155,8 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
-def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None):
+def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None,
+                   stages=None):
     """The Gluon page-per-warp wgmma decode score kernel (``triton.wgflat_scorer``) for SM90,
     with the launcher's constexprs (``WGFLAT_STAGES`` / ``WGFLAT_ASYNC`` unless given),
     specialized as a launch on a 16-byte aligned cache gets it."""
@@ -170,7 +171,8 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
     rows = block_rows(q_len, heads)
     cl, mma, ql, scl, b_sl = wgflat_layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
-                  CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl, STAGES=WGFLAT_STAGES,
+                  CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
+                  STAGES=WGFLAT_STAGES if stages is None else stages,
                   ASYNC=WGFLAT_ASYNC if async_ is None else async_, LAB=lab)
     fn = wgflat_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}

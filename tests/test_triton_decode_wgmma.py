@@ -134,7 +134,7 @@ def test_decode_lut_twin_matches_reference(q_len, heads, num_splits, dequant):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(1, 70))
 def test_flat_partition_scores_every_page_once(counts, programs):
-    """The flat partition of the "mma" / "lut" scorers (``flat_partition``): every page of
+    """The flat partition of the "mma" / "wgflat" / "lut" scorers (``flat_partition``): every page of
     every request in exactly one program's segments, segments inside their request, program
     loads differing by at most one page, each program's segments in request order."""
     parts = WG.flat_partition(counts, programs)
@@ -152,15 +152,16 @@ def test_flat_partition_scores_every_page_once(counts, programs):
     assert max(loads) - min(loads) <= 1
 
 
+@pytest.mark.parametrize("q_len,heads,rows", [(2, 2, 16), (8, 4, 32)])
 @pytest.mark.parametrize("dequant", FLAT_MODES)
-def test_flat_score_kernel_writes_exactly_the_scored_pages(dequant):
+def test_flat_score_kernel_writes_exactly_the_scored_pages(dequant, q_len, heads, rows):
     """The score kernels on the flat grid ("mma" and "wgflat" on a GPU that has them, else the
     twin): with 1, 3, 7, 40 and more programs than pages (for "wgflat": groups of four pages
     whose idle warps store nothing), the page-score scratch holds the
     same bits, written at ``[b, n, j]`` for every scored page j < n_b of every row n < N
     and nowhere else (NaN-poisoned): requests of 0, short (<= 15 pages: none scored), and
-    long histories, a padding request, programs spanning several requests."""
-    q_len, heads, rows = 2, 2, 16
+    long histories, a padding request, programs spanning several requests; 16 and 32 rows
+    (the rows "wgflat" is the default at)."""
     lens = [17 * 128 + 5, 0, 3 * 128, 24 * 128 + 1, 16 * 128 + 1, 20 * 128]
     batch = Batch(lens, seed=31)
     b, w = batch.block_table.shape
@@ -293,7 +294,8 @@ def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
     """The Gluon scorers: tie-aware vs the exact reference (b = 15), captured once in a CUDA
     graph and replayed after in-place changes of seq_lens."""
     if dequant not in FAST_MODES:
-        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgmma: SM90)")
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgflat and "
+                    f"wgmma: SM90)")
     q_len, heads = 8, 4
     lens = [40_000, 0, 129, 2050, 16_500, 12_345, 33_000, 19_999]
     batch = Batch(lens, seed=31)
@@ -323,6 +325,48 @@ def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
         decode_check(batch, q, q_len, out, runner.error_bits)
         want = ref.decode_indexer(q, batch.cache, bt, seq, q_len)
         assert (out == want).all(-1).float().mean() > 0.95  # ties aside, the same pages
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dequant", ["mma", "wgflat"])
+@pytest.mark.parametrize("programs", [None, 7])
+def test_gpu_flat_scorers_many_requests(dequant, programs):
+    """The flat-grid Gluon scorers on a batch of 200 requests (the flat partition's request
+    vector holds more than one element per thread: BB = 256), Q8 H4 (32 rows): tie-aware vs
+    the exact reference (b = 15), every scored page written and nothing else, with the
+    default grid and with 7 programs (each spanning ~30 requests)."""
+    if dequant not in FAST_MODES:
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgflat: SM90)")
+    q_len, heads, rows = 8, 4, 32
+    g = torch.Generator().manual_seed(11)
+    lens = [int(x) for x in torch.randint(8, 40 * 128, (200,), generator=g)]
+    lens[5], lens[77], lens[150] = 0, 16 * 128 + 1, 40 * 128
+    lens[0], lens[6], lens[7] = 30 * 128, 25 * 128, 20 * 128  # _special_pages' pages
+    batch = Batch(lens, seed=13)
+    _special_pages(batch)
+    b, w = batch.block_table.shape
+    q = random_q(b * q_len, heads, seed=3)
+    poison = -3.0e38  # no dot product of E4M3 keys and queries (NaN pages score NaN)
+    scores = torch.full((WG.scratch_elems(b, w, rows),), poison, device=DEV)
+    big, out = poisoned_out(b * q_len, heads)
+    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV,
+                                 config=DECODE.DecodeConfig(dequant=dequant),
+                                 score_buffer=scores)
+    if programs:
+        runner._page_score.programs = programs
+    scores.fill_(poison)  # after the runner's warmup launch
+    runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
+    torch.cuda.synchronize()
+    assert_guards(big)
+    decode_check(batch, q, q_len, out, runner.error_bits)
+    n_pages = [(max(s, 1) - 1) // 128 if s > 0 else 0 for s in lens]
+    n_pages = [n if n > 15 else 0 for n in n_pages]
+    written = (scores.view(b, rows, w) != poison).cpu()
+    want = torch.zeros_like(written)
+    for r, n in enumerate(n_pages):
+        want[r, :, :n] = True
+    assert torch.equal(written, want)
 
 
 _WGMMA_COMPILE = r'''
@@ -424,6 +468,13 @@ def test_wgflat_scorer_compiles_offline_for_sm90():
         assert f"with 64 HGMMA, 64 wgmma, 33 cp.async, {18432 + 256 * rows} B shared" in ln, ln
 
 
+def test_wgflat_refuses_64_rows():
+    """"wgflat" is built and measured for <= 32 query rows (its default is 32): a 64-row
+    runner (Q8 H8) is refused by name at construction, on any device ("wgmma" takes 64)."""
+    with pytest.raises(ValueError, match="'wgflat' scores at most 32 query rows"):
+        DECODE.DecodeRunner(8, 2, 40, 8, DEV, config=DECODE.DecodeConfig(dequant="wgflat"))
+
+
 @pytest.mark.parametrize("dequant", ["lut", "triton"])
 def test_decode_runner_refuses_an_empty_cache(dequant):
     """Block ids are clamped into the cache (SPEC 10), so an empty cache is refused by name
@@ -446,8 +497,8 @@ def test_decode_runner_refuses_an_empty_cache(dequant):
                                                    ("wgflat", 8, 9216), ("wgflat", 0, 9224),
                                                    ("wgmma", 4, 9216), ("wgmma", 0, 9220)])
 def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
-    """A cache view whose base or page stride the Gluon scorer cannot read ("mma": 16-byte
-    cp.async, which failed to compile on such a base; "wgmma": int64 loads, a misaligned
+    """A cache view whose base or page stride the Gluon scorer cannot read ("mma", "wgflat":
+    16-byte cp.async, which failed to compile on such a base; "wgmma": int64 loads, a misaligned
     address fault) is refused by name before any launch, nothing written (SPEC 10). Host
     checks only: runs without a GPU."""
     nb, w, q_len, heads = 2, 20, 1, 1
@@ -570,7 +621,8 @@ def test_gpu_page_score_first_run_captured(dequant):
     """The Gluon scorers' first real run may be the captured one (the runner's warmup
     compiled it): a padded page stride and many blocks, no eager run before capture."""
     if dequant not in FAST_MODES:
-        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgmma: SM90)")
+        pytest.skip(f"{dequant!r} is not available on this GPU (mma: SM89+, wgflat and "
+                    f"wgmma: SM90)")
     q_len, heads = 4, 4
     lens = [30_000, 0, 3_000, 17_000]
     batch = Batch(lens, seed=41, spare=40)  # PAD_STRIDE pages

@@ -97,7 +97,9 @@ SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not c
 
 def make_runner(b, width, dev, kw):
     """A ``DecodeRunner`` for variant knobs ``kw`` (``_lab``: ``decode_wgmma.MMA_LAB``;
-    ``_narrow_select``: no wide select; both only while its launches are built)."""
+    ``_narrow_select``: no wide select; ``_wgf_stages`` / ``_wgf_async``: the wgflat scorer's
+    ring slots / ASYNC, ``decode_wgmma.WGFLAT_LAB_*``; all only while its launches are
+    built)."""
     from nvfp4_indexer.triton import decode_wgmma
     from nvfp4_indexer.triton.decode import DecodeRunner
 

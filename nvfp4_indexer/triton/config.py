@@ -84,7 +84,8 @@ class DecodeConfig(_Config):
         pdl: launch the merge kernel with programmatic dependent launch (SM90+ only).
         page_score_min_pages: B * (W - 1) from which the default dequant on an SM90 GPU is
             a page-score mode rather than the one-launch "ptx": "mma" at <= ``MMA_MAX_ROWS``
-            rows (and W - 1 >= ``MMA_MIN_WIDTH``; "wgflat" from ``WGFLAT_MIN_PAGES`` at 32 rows),
+            rows (and W - 1 >= ``MMA_MIN_WIDTH``; "wgflat" at 32 rows from
+            ``max(page_score_min_pages, WGFLAT_MIN_PAGES)``),
             "wgmma" above (default ``MMA_MIN_PAGES`` / ``WGMMA_MIN_PAGES``;
             ``heuristics.choose_dequant``), >= 0.
     Raises:

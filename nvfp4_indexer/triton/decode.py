@@ -231,9 +231,10 @@ class DecodeRunner:
         warmup: compile both kernels now by one launch on an all-padding batch (default on
             CUDA), so that capturing ``run`` never compiles.
     Raises:
-        ValueError: bad sizes, score buffer or config (a ptx / wgmma dequant mode off CUDA /
-            under the interpreter or with a dot mode other than "fp16"; a window with
-            window * BLOCK_M > 4096; pdl off SM90+). NotImplementedError: Q*H > 64.
+        ValueError: bad sizes, score buffer or config (a ptx / mma / wgflat / wgmma dequant
+            mode off CUDA / under the interpreter or with a dot mode other than "fp16";
+            "wgflat" above 32 rows; a window with window * BLOCK_M > 4096; pdl off SM90+).
+            NotImplementedError: Q*H > 64.
     """
 
     def __init__(self, num_heads: int, num_reqs: int, width: int, query_len: int, device,
@@ -258,20 +259,19 @@ class DecodeRunner:
         self.dot = resolve_dot(cfg.dot, self.device)
         dequant = cfg.dequant or hz.choose_dequant(self.device, self.dot, num_reqs, width,
                                                    cfg.page_score_min_pages, self.block_m)
-        _check_dequant(dequant, self.dot, self.device)
+        _check_dequant(dequant, self.dot, self.device, self.block_m)
         pps = cfg.programs_per_sm or {"wgmma": hz.WGMMA_PROGRAMS_PER_SM,
                                       "mma": hz.MMA_PROGRAMS_PER_SM,
                                       "wgflat": hz.WGFLAT_PROGRAMS_PER_SM}.get(
                                           dequant, hz.PROGRAMS_PER_SM)
         self.num_splits = cfg.num_splits or choose_num_splits(
             num_reqs, width, hz.num_sms(self.device), pps)
-        # the flat page-score grid ("mma": one wave of equal shares; "lut": B * NUM_SPLITS)
+        # the flat page-score grid ("mma" / "wgflat": one wave of equal shares, "wgflat" at
+        # most one program per WGFLAT_MIN_GROUPS groups of 4 pages; "lut": B * NUM_SPLITS)
         self.programs = hz.page_score_programs(
             num_reqs, width, hz.num_sms(self.device), pps,
-            cfg.num_splits or (None if dequant in ("mma", "wgflat") else self.num_splits))
-        if dequant == "wgflat" and not cfg.num_splits:  # four pages per group, one per warp
-            self.programs = max(1, min(self.programs, hz.cdiv(
-                num_reqs * max(width - 1, 1), 4 * hz.WGFLAT_MIN_GROUPS)))
+            cfg.num_splits or (None if dequant in ("mma", "wgflat") else self.num_splits),
+            pages_per_program=4 * hz.WGFLAT_MIN_GROUPS if dequant == "wgflat" else 1)
         window = cfg.window or hz.decode_window(self.num_splits, width, self.block_m)
         if window * self.block_m > hz.MAX_WINDOW_ELEMS:
             raise ValueError(f"window: expected a power of two with window * BLOCK_M <= "
@@ -406,9 +406,12 @@ class DecodeRunner:
         return out
 
 
-def _check_dequant(dequant: str, dot: str, device: torch.device) -> None:
-    """The device-dependent half of a decode dequant mode's check (``DecodeConfig`` checks
-    the name)."""
+def _check_dequant(dequant: str, dot: str, device: torch.device, block_m: int) -> None:
+    """The device- and shape-dependent half of a decode dequant mode's check
+    (``DecodeConfig`` checks the name)."""
+    if dequant == "wgflat" and block_m > hz.MMA_MAX_ROWS:
+        raise ValueError(f"dequant: 'wgflat' scores at most {hz.MMA_MAX_ROWS} query rows "
+                         f"(Q * H padded to BLOCK_M), got BLOCK_M {block_m}: use 'wgmma'")
     if dequant == "lut" and dot != "fp32":
         raise ValueError(f"dequant: 'lut' scores with dot 'fp32', got dot {dot!r}")
     if dequant == "mma" and (dot != "fp16" or not decode_wgmma.mma_available(device)):

@@ -385,13 +385,15 @@ class PageScoreLaunch:
     launch). What ``decode.DecodeRunner`` keeps; ``launch`` builds one per call.
 
     Args:
-        dequant: "mma" (Gluon, one warp per program, SM89+), "wgmma" (Gluon, SM90) or "lut"
-            (the plain-Triton twin). width: block-table width W. query_len, num_heads: Q, H.
+        dequant: "mma" (Gluon, one warp per program, SM89+), "wgflat" (Gluon, one warpgroup
+            per program, one page per warp, SM90), "wgmma" (Gluon, SM90) or "lut" (the
+            plain-Triton twin). width: block-table width W. query_len, num_heads: Q, H.
             num_reqs: B (the block table's rows).
         rows: N = ``heuristics.block_rows(Q, H)``. num_splits: programs per request of the
-            "wgmma" grid ``(B, NUM_SPLITS)``. programs: P, the flat grid of "mma" / "lut"
-            (``flat_partition``; default ``B * num_splits``).
-        maxnreg: the "mma" scorer's register cap (default ``MMA_MAXNREG``).
+            "wgmma" grid ``(B, NUM_SPLITS)``. programs: P, the flat grid of "mma" / "wgflat"
+            / "lut" (``flat_partition``; default ``B * num_splits``).
+        maxnreg: the register cap of "mma" (default ``MMA_MAXNREG``) or "wgflat" (default
+            none: 106 registers at 32 rows); the other modes ignore it.
     """
 
     def __init__(self, dequant: str, *, width: int, query_len: int, num_heads: int, rows: int,
@@ -441,10 +443,11 @@ class PageScoreLaunch:
         (``decode.DecodeRunner``) to check.
 
         Raises:
-            ValueError: for "mma" / "wgmma", a cache whose page stride is not a multiple of
-                16 bytes or whose base address is not one of ``GLUON_CACHE_ALIGN[dequant]``
-                bytes (16: "mma"'s 16-byte cp.async copies do not compile otherwise; 8:
-                "wgmma"'s int64 loads fault), before any launch (SPEC 2, 10).
+            ValueError: for "mma" / "wgflat" / "wgmma", a cache whose page stride is not a
+                multiple of 16 bytes or whose base address is not one of
+                ``GLUON_CACHE_ALIGN[dequant]`` bytes (16: the 16-byte cp.async copies of
+                "mma" / "wgflat" do not compile otherwise; 8: "wgmma"'s int64 loads fault),
+                before any launch (SPEC 2, 10).
         """
         dequant = self.dequant
         align = GLUON_CACHE_ALIGN.get(dequant)

@@ -130,14 +130,16 @@ def choose_num_splits(num_reqs: int, width: int, num_sms: int,
 
 
 def page_score_programs(num_reqs: int, width: int, num_sms: int, programs_per_sm: int,
-                        num_splits: int | None = None) -> int:
+                        num_splits: int | None = None, pages_per_program: int = 1) -> int:
     """Programs P of a flat page-score launch (``decode_wgmma.flat_partition``: the batch's
     scored pages in P equal shares, whatever the requests' lengths): ``B * num_splits``
-    when given, else ``programs_per_sm * num_sms`` (the "mma" default: one wave of its
-    resident programs), at most one per page a batch can score, ``B * (W - 1)``, at least 1."""
+    when given, else ``programs_per_sm * num_sms`` (the "mma" / "wgflat" default: one wave
+    of its resident programs), at most one per ``pages_per_program`` pages a batch can
+    score, ``B * (W - 1)`` ("wgflat": 8, two groups of four pages), at least 1."""
     if num_splits:
         return max(1, num_reqs * num_splits)
-    return max(1, min(programs_per_sm * num_sms, num_reqs * max(width - 1, 1)))
+    pages = num_reqs * max(width - 1, 1)
+    return max(1, min(programs_per_sm * num_sms, cdiv(pages, pages_per_program)))
 
 
 def subset_pages(width: int, world: int) -> int:

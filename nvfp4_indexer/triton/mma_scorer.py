@@ -72,8 +72,8 @@ def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr, LAB: g
     lookup, no table loads: wrong scores)."""
     if LAB == 2:
         c_lo, c_hi = gl.split(codes)
-        acc = mma_v2(_raw_half(c_lo, A_L), q_lo, zero)
-        return mma_v2(_raw_half(c_hi, A_L), q_hi, acc)
+        acc = mma_v2(_raw_half(c_lo, A_L, CHUNK), q_lo, zero)
+        return mma_v2(_raw_half(c_hi, A_L, CHUNK), q_hi, acc)
     c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
     if LAB == 1:
         return mma_v2(_dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero) \
@@ -83,8 +83,9 @@ def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr, LAB: g
 
 
 @gluon.jit
-def _raw_half(codes, A_L: gl.constexpr):
-    """LAB 2: an operand of ``_dequant_half``'s shape from register copies of the codes."""
+def _raw_half(codes, A_L: gl.constexpr, M: gl.constexpr):
+    """LAB 2: an operand of ``_dequant_half``'s shape ``[M, 64]`` from register copies of the
+    codes (no lookup, no table loads)."""
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
         _RAW_ASM, _CONSTRAINTS, [codes, codes, codes.to(gl.int32)],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
@@ -95,7 +96,7 @@ def _raw_half(codes, A_L: gl.constexpr):
     f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
                                   pack=2)
     f = gl.permute(f, [0, 2, 3, 4, 1, 5])
-    return gl.convert_layout(gl.reshape(f, [CHUNK, 64]), A_L, assert_trivial=True)
+    return gl.convert_layout(gl.reshape(f, [M, 64]), A_L, assert_trivial=True)
 
 
 @gluon.jit

@@ -34,8 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .layout import PAGE, SCALES_OFFSET
-from .mma_scorer import _CONSTRAINTS, _RAW_ASM, _lookup_only, flat_work, scored_page_count
-from .wgmma_scorer import _SPLIT_ASM, _dequant_half, _half_operands, _load_q
+from .mma_scorer import _lookup_only, _raw_half, flat_work, scored_page_count
+from .wgmma_scorer import _dequant_half, _half_operands, _load_q
 
 CHUNK = gl.constexpr(16)  # tokens of one warp's page per A tile (its 16 rows)
 WARPS = gl.constexpr(4)  # one warpgroup: four pages per group
@@ -67,22 +67,6 @@ def _issue_chunk(ring_c, ring_s, cache64, cache8, ids_c, ids_s, page_stride16, o
 
 
 @gluon.jit
-def _raw_operand(codes, A_L: gl.constexpr):
-    """LAB 2: a [64, 64] fp16 operand from the code words' bits (no lookup, no table)."""
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        _RAW_ASM, _CONSTRAINTS, [codes, codes, codes.to(gl.int32)],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True, pack=1)
-    x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
-                gl.join(gl.join(o4, o5), gl.join(o6, o7)))
-    y = gl.join(x, x)
-    f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
-                                  pack=2)
-    f = gl.permute(f, [0, 2, 3, 4, 1, 5])
-    return gl.convert_layout(gl.reshape(f, [WARPS * CHUNK, 64]), A_L, assert_trivial=True)
-
-
-@gluon.jit
 def _chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
                   ASYNC: gl.constexpr, LAB: gl.constexpr):
     """[64 rows, N] fp32 dot products of one A tile (both K halves). ``LAB`` (speed-of-light
@@ -90,8 +74,8 @@ def _chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
     operand made from the code words without the lookup (wrong scores)."""
     if LAB == 2:
         c_lo, c_hi = gl.split(codes)
-        acc = warpgroup_mma(_raw_operand(c_lo, A_L), q_lo, zero, use_acc=False)
-        return warpgroup_mma(_raw_operand(c_hi, A_L), q_hi, acc)
+        acc = warpgroup_mma(_raw_half(c_lo, A_L, WARPS * CHUNK), q_lo, zero, use_acc=False)
+        return warpgroup_mma(_raw_half(c_hi, A_L, WARPS * CHUNK), q_hi, acc)
     c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
     a_lo = _dequant_half(c_lo, s_lo, r_lo, A_L, WARPS * CHUNK)
     if ASYNC:
@@ -122,9 +106,11 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
                         MMA: gl.constexpr, QL: gl.constexpr, SCL: gl.constexpr,
                         B_SL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr,
                         LAB: gl.constexpr = 0):
-    VL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    # the flat partition's request vector: contiguous per thread, as in the mma scorer
+    VL: gl.constexpr = gl.BlockedLayout([max(1, BB // 128)], [32], [4], [0])
     NCH: gl.constexpr = PAGE // CHUNK
     gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
+    gl.static_assert((LAB == 0) or (LAB == 2) or (LAB == 3), "LAB: 0, 2 or 3")
     s, e, b0, b1, eb = flat_work(seq_lens_ptr, num_reqs, width, gl.program_id(0),
                                  num_programs, BB, VL)
     ring_c = gl.allocate_shared_memory(gl.int64, [STAGES, WARPS * CHUNK, 4, 2],
