@@ -22,7 +22,8 @@ the max over a page's tokens stays inside its warp (a running per-thread max ove
   segment's last page (in cache, never a page outside the row: SPEC 10) and store nothing.
 
 Same scratch, select kernel and SPEC 10 clamps as the other scorers; the "lut" twin covers
-its semantics on the CPU.
+its semantics on the CPU. Measurements behind the shape and the defaults (``heuristics``
+``WGFLAT_*``): docs/benchmarks.md, "Issue 13, seventh step".
 """
 
 from __future__ import annotations
