@@ -156,6 +156,15 @@ def flat_work(seq_lens_ptr, num_reqs, width, pid, num_programs, BB: gl.constexpr
     return s, e, b0, b1, e0
 
 
+@gluon.jit
+def request_segment(seq_lens_ptr, b, width, s, e, eb):
+    """Request b's share of a program's flat range ``[s, e)`` (``flat_work``), request b's
+    scored pages starting at flat page ``eb``: ``(start, end, eb')``, request-local pages
+    ``[start, end)`` (empty when start >= end) and the next request's first flat page."""
+    ib = eb + scored_page_count(gl.load(seq_lens_ptr + b), width)  # flat pages [eb, ib)
+    return gl.maximum(s, eb) - eb, gl.minimum(e, ib) - eb, ib
+
+
 # The launcher's warmup (a 1-block cache, a contiguous q) must compile the variant real
 # launches use (CUDA-graph capture must not compile): no value specialization of these ints.
 @gluon.jit(do_not_specialize=["q_row_stride", "q_head_stride", "page_stride16", "num_blocks",
@@ -176,10 +185,7 @@ def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride1
                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
     for b in range(b0, b1):  # each request the flat range touches: its pages [start, end)
-        ib = eb + scored_page_count(gl.load(seq_lens_ptr + b), width)  # flat pages [eb, ib)
-        start = gl.maximum(s, eb) - eb
-        end = gl.minimum(e, ib) - eb
-        eb = ib
+        start, end, eb = request_segment(seq_lens_ptr, b, width, s, e, eb)
         if start < end:
             _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache_ptr,
                          page_stride16, num_blocks, bt_ptr + b.to(gl.int64) * bt_stride,

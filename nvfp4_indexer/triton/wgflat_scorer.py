@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .layout import PAGE, SCALES_OFFSET
-from .mma_scorer import _lookup_only, _raw_half, flat_work, scored_page_count
+from .mma_scorer import _lookup_only, _raw_half, flat_work, request_segment
 from .wgmma_scorer import _dequant_half, _half_operands, _load_q
 
 CHUNK = gl.constexpr(16)  # tokens of one warp's page per A tile (its 16 rows)
@@ -122,10 +122,7 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
     q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
     cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
     for b in range(b0, b1):  # each request the flat range touches: its pages [start, end)
-        ib = eb + scored_page_count(gl.load(seq_lens_ptr + b), width)  # flat pages [eb, ib)
-        start = gl.maximum(s, eb) - eb
-        end = gl.minimum(e, ib) - eb
-        eb = ib
+        start, end, eb = request_segment(seq_lens_ptr, b, width, s, e, eb)
         if start < end:
             gl.thread_barrier()  # every warp is done with the previous request's query
             q_lo.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
