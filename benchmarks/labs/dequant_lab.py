@@ -361,6 +361,7 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
 
 
 def main(argv=None) -> int:
+    global Q_LEN, HEADS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 variants, 2 cases")
     ap.add_argument("--budget-s", type=float, default=210.0,
@@ -369,7 +370,13 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=None, help="comma-separated subset of variants")
     ap.add_argument("--cases", default=None,
                     help="comma-separated BATCH:NOMINAL cases (default: the module's CASES)")
+    ap.add_argument("--q-len", type=int, default=None,
+                    help=f"query tokens per request Q (default {Q_LEN}), every step")
+    ap.add_argument("--heads", type=int, default=None,
+                    help=f"index heads H (default {HEADS}), every step")
     args = ap.parse_args(argv)
+    Q_LEN = args.q_len or Q_LEN
+    HEADS = args.heads or HEADS
     if not torch.cuda.is_available():
         print("dequant_lab: needs a CUDA GPU", flush=True)
         return 2
