@@ -44,6 +44,10 @@ TARGET_LOWLAT_US = 6.0
 TARGET_LOWLAT_CASE = "b1_s32000_q8_h4"
 TARGET_PREFILL_MATMUL = 0.50
 TARGET_COPY_GATHER_INSERT = 0.80
+# issue 14 (engine steps): plan host time of decode-only / mixed steps, mixed forward / kernels
+TARGET_ENGINE_DECODE_PLAN_US = 30.0
+TARGET_ENGINE_MIXED_PLAN_US = 100.0
+TARGET_ENGINE_MIXED_OVER_KERNELS = 1.10
 
 # ---------------------------------------------------------------------------------------------
 # Suites
@@ -161,6 +165,22 @@ def summarize(suite: str, recs: list[dict], ctx: Context, expected: int) -> dict
         if mm16:  # share of the 16-bit matmul rate (the exact path's fp16 tensor cores)
             s["mm16_ratio_max"] = max(mm16)
             s["largest_case_mm16_ratio"] = max(ok, key=lambda r: r["flops"]).get("mm16_ratio")
+    elif suite == "engine":
+        dec = [r for r in ok if not r.get("prefills")]
+        mixed = [r for r in ok if r.get("prefills")]
+
+        def within(rs, key, limit):
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            return {"cases": len(vals), "within": sum(x <= limit for x in vals),
+                    "max": max(vals) if vals else None,
+                    "median": sorted(vals)[len(vals) // 2] if vals else None}
+        s["decode_plan_us"] = within(dec, "plan_us", TARGET_ENGINE_DECODE_PLAN_US)
+        s["decode_plan_in_place_us"] = within(dec, "plan_in_place_us",
+                                              TARGET_ENGINE_DECODE_PLAN_US)
+        s["decode_forward_over_kernels"] = within(dec, "forward_over_kernels", 1.02)  # equal
+        s["mixed_plan_us"] = within(mixed, "plan_us", TARGET_ENGINE_MIXED_PLAN_US)
+        s["mixed_forward_over_kernels"] = within(mixed, "forward_over_kernels",
+                                                 TARGET_ENGINE_MIXED_OVER_KERNELS)
     elif suite in ("gather", "insert"):
         ratios = [r["copy_ratio"] for r in ok if r.get("copy_ratio") is not None]
         if ratios:

@@ -19,21 +19,28 @@ Memory (allocated in ``Indexer.__init__``; ``Indexer.memory_bytes()``):
 - one block-table buffer ``int32 [max_decode_reqs, ceil(max_model_len / 128)]`` and one
   seq-lens buffer shared by the decode wrappers (wrapper (B, Q) reads rows ``[:B]``: their
   addresses never move, so CUDA graphs captured on them stay valid);
-- two pinned host staging buffers and their device twins (a step's prefill metadata: one
-  non-blocking host-to-device copy per step; two alternate so that planning step N+1 never
-  overwrites host memory a copy of step N may still be reading).
+- two host staging buffers and their device twins (a step's prefill metadata: one
+  non-blocking host-to-device copy per step; the two alternate, so that the views of step N's
+  metadata stay distinct from step N+1's).
 
 Decode wrappers (``DecodeIndexerWrapper``, one per (padded batch size, Q)) are created on first
 use; creating one compiles its kernels (Triton on a GPU), which syncs once. After that,
 ``plan`` reads host copies only: no device-to-host transfer and no sync.
 
-Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues a
-few small device ops (one multi-tensor copy of the decode block table and seq lens, one
-prefill staging copy) on the current stream, and prepares every launch of ``forward``. The
-prefill kernels clamp each device seq len by its staged host copy themselves (Triton; the
+Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues at
+most one small device op on the current stream and prepares every launch of ``forward``:
+
+- a decode-only step: one multi-tensor copy of the decode block table and seq lens into the
+  wrapper's buffers, which its CUDA graphs read (none when the step's tensors are those
+  buffers);
+- a step with prefill requests: one non-blocking copy of the staged prefill metadata. Its
+  decode rows run eagerly, so the Triton wrapper reads the step's block table and seq lens in
+  place at ``forward`` (no copy; the reference backend copies).
+
+The prefill kernels clamp each device seq len by its staged host copy themselves (Triton; the
 reference backend clamps in ``plan``), so no row reads past the pages ``plan`` sized. An
 ``IndexerMetadata`` is valid until the next ``plan()``; ``forward`` must run on the stream
-``plan`` ran on, and the step's device tensors must stay alive until then.
+``plan`` ran on, and the step's device tensors must stay alive and unchanged until then.
 """
 
 from __future__ import annotations
@@ -303,6 +310,9 @@ class IndexerMetadata:
         num_rows: rows the step writes (``out`` rows past it are never written).
         decoder: the decode wrapper planned for (num_decodes, Q), or None.
         prefill_chunks: ``PrefillChunk`` list (eager, in order).
+        decode_inputs: in a step with prefill requests (never captured), the step's own
+            decode ``(block_table [B, W] view, seq_lens)`` the Triton decode wrapper reads at
+            ``forward`` instead of copies in its buffers (None: the buffers).
     """
 
     num_decodes: int
@@ -314,6 +324,7 @@ class IndexerMetadata:
     decoder: Any = None
     prefill_chunks: list = field(default_factory=list)
     generation: int = 0
+    decode_inputs: Any = None  # a mixed step's decode (block table, seq lens) read in place
 
     @property
     def decode_only(self) -> bool:
@@ -376,20 +387,48 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
             dst[0].copy_(src[0], non_blocking=True)
         self.query_len = query_len
 
+    def plan_eager(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                   query_len: int):
+        """Plan a step whose decode rows run eagerly (a mixed step: never captured). Triton
+        with a runner and a block table at least as wide as the buffers: nothing is copied,
+        and the returned ``(block_table view [B, W], seq_lens)`` are what ``run_planned``
+        reads (at ``forward``: the step's tensors must stay as they are until then). Else
+        ``plan_from_host`` copies and this returns None (``run_planned`` reads the buffers).
+
+        Raises:
+            ValueError: a ``query_len`` other than the wrapper's.
+        """
+        w = self.block_table.shape[1]
+        if self.backend != "triton" or self._runner is None or block_table.shape[1] < w:
+            self.plan_from_host(block_table, seq_lens, query_len)
+            return None
+        if self.query_len is not None and query_len != self.query_len:
+            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+        self.query_len = query_len
+        return (block_table if block_table.shape[1] == w else block_table[:, :w]), seq_lens
+
     def run_planned(self, index_q: torch.Tensor, cache: torch.Tensor,
-                    out: torch.Tensor) -> torch.Tensor:
+                    out: torch.Tensor, inputs: tuple | None = None) -> torch.Tensor:
         """``run`` for inputs ``Indexer.forward`` has validated (capturable on Triton): no
         second round of checks and no remembered cache size (each layer's cache is checked
-        by the Indexer; the Triton kernels clamp block ids into the cache they are given)."""
+        by the Indexer; the Triton kernels clamp block ids into the cache they are given).
+        ``inputs``: ``plan_eager``'s (block table, seq lens) in place of the buffers."""
         if self.backend == "triton":
-            self._runner.run(index_q, cache, self.block_table, self.seq_lens, out)
+            bt, sl = inputs if inputs is not None else (self.block_table, self.seq_lens)
+            self._runner.run(index_q, cache, bt, sl, out)
             return out
         self.num_blocks = None  # reference: block ids were checked against this cache
         return self.run(index_q, cache, out)
 
 
 class _Staging:
-    """One pinned host buffer and its device twin, with an event marking the last copy.
+    """One host buffer and its device twin.
+
+    The host buffer is pageable on purpose: a non-blocking copy out of pageable memory returns
+    once the driver holds the bytes in its own staging memory, without a device sync (CUDA's
+    API synchronization behavior of ``cudaMemcpyAsync``), so the next plan may rewrite it at
+    once. A pinned buffer needs an event per copy (``Event.record``: ~10 us of host time on
+    the H200's host, ``benchmarks/labs/hostop_cost.py``) and a wait before its reuse.
 
     Fixed regions (``S = max_num_seqs`` prefill requests at most): seq-len caps ``[0, S)``,
     absolute query offsets ``[S, 2S+1)``, the chunks' workspace offsets ``[2S+1, 4S+1)``
@@ -398,16 +437,15 @@ class _Staging:
     0's regions are made once, so a one-chunk step slices nothing but its seq-len caps."""
 
     def __init__(self, max_seqs: int, max_blocks: int, device: torch.device):
-        pin = device.type == "cuda"
         s = max_seqs
         self.qsl_at, self.off_at, self.pages_at, self.blk_at = s, 2 * s + 1, 4 * s + 1, 5 * s + 1
         n = self.blk_at + 2 * max_blocks
         self.size, self.max_blocks = n, max_blocks
-        self.host = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
+        self.host = torch.zeros(n, dtype=torch.int32)
         self.host_np = self.host.numpy()
-        self.dev = torch.zeros(n, dtype=torch.int32, device=device) if pin else self.host
-        self.event = torch.cuda.Event() if pin else None
-        self.pending = False
+        self.copies = device.type != "cpu"  # on the CPU the host buffer is the device one
+        self.dev = torch.zeros(n, dtype=torch.int32, device=device) if self.copies \
+            else self.host
         d = self.dev
         self.qsl = d[self.qsl_at:self.off_at]
         self.off0, self.pages0, self.blk0 = (d[self.off_at:self.pages_at],
@@ -436,25 +474,16 @@ class _Staging:
             got = self._views[key] = (d[off:self.pages_at], d[pages:self.blk_at], d[blk:])
         return got
 
-    def acquire(self) -> None:
-        """Wait (host) until the previous copy out of ``host`` has been done (almost always
-        already: it was enqueued two plans ago)."""
-        if self.pending and not self.event.query():
-            self.event.synchronize()
-        self.pending = False
-
     def copy(self, hi: int) -> None:
         """Non-blocking H2D copy of ``host[:hi]`` into ``dev[:hi]`` (rounded up to a power of
-        two: a few cached views), then mark it."""
-        if self.event is None:
+        two: a few cached views); nothing to copy on the CPU."""
+        if not self.copies:
             return
         n = min(1 << (hi - 1).bit_length(), self.size) if hi > 1 else 1
         got = self._copies.get(n)
         if got is None:  # (device, host) views of host[:n], n a power of two (host time)
             got = self._copies[n] = (self.dev[:n], self.host[:n])
         got[0].copy_(got[1], non_blocking=True)
-        self.event.record()
-        self.pending = True
 
 
 class Indexer:
@@ -545,7 +574,8 @@ class Indexer:
         from .triton.config import PrefillConfig
         self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
         self._ws8 = self.workspace.view(torch.uint8)
-        self._cuda_guard = dev.type == "cuda"
+        from .triton.numerics import device_guard
+        self._device_guard = device_guard
         self._score_elems = self.score_buffer.numel()
 
     # -- memory ---------------------------------------------------------------------------
@@ -567,9 +597,9 @@ class Indexer:
         return max(dec, pre, 2)
 
     def memory_bytes(self) -> dict[str, int]:
-        """Device (and pinned host) memory the indexer holds, in bytes, by buffer:
+        """Device (and host staging) memory the indexer holds, in bytes, by buffer:
         ``workspace``, ``score_scratch``, ``decode_buffers`` (shared block table / seq lens),
-        ``staging_device``, ``staging_pinned_host``, ``decoders`` (the exchange buffers and
+        ``staging_device``, ``staging_host``, ``decoders`` (the exchange buffers and
         scratch of context-parallel decoders created so far: they are allocated at the first
         use of a (padded batch size, Q); 0 without ``context_parallel_group``) and
         ``total_device``. The FP8 workspace dominates at long contexts.
@@ -577,9 +607,9 @@ class Indexer:
         nb = lambda t: t.numel() * t.element_size()  # noqa: E731
         d = {"workspace": nb(self.workspace), "score_scratch": nb(self.score_buffer),
              "decode_buffers": nb(self.decode_block_table) + nb(self.decode_seq_lens)}
-        pinned = self.device.type == "cuda"
-        d["staging_device"] = sum(nb(s.dev) for s in self._staging) if pinned else 0
-        d["staging_pinned_host"] = sum(nb(s.host) for s in self._staging) if pinned else 0
+        copies = self._staging[0].copies
+        d["staging_device"] = sum(nb(s.dev) for s in self._staging) if copies else 0
+        d["staging_host"] = sum(nb(s.host) for s in self._staging)
         d["decoders"] = sum(dec.buffer_bytes() for dec in self.decoders.values()
                             if hasattr(dec, "buffer_bytes"))
         d["total_device"] = (d["workspace"] + d["score_scratch"] + d["decode_buffers"]
@@ -826,7 +856,7 @@ class Indexer:
         seq lens, padding, sizes against the config), re-plans the decode wrapper of
         (num_decodes, Q) (one device-to-device copy of the step's block table and seq lens
         into its buffers) and groups the prefill requests into chunks that fit the workspace
-        (their metadata staged in one pinned buffer: one non-blocking host-to-device copy per
+        (their metadata staged in one host buffer: one non-blocking host-to-device copy per
         step; every launch of ``forward`` prepared). Reads no device value and never syncs
         (except the first time a (num_decodes, Q) is seen on a GPU: its kernels compile).
 
@@ -854,19 +884,22 @@ class Indexer:
             chunks = []
         # Everything validated: now write (decode buffers).
         self._generation += 1
+        inputs = None
         if dec is not None:
             if nd == r:  # no slicing (host time); the buffers themselves are not copied
                 dec.plan_from_host(step.block_table, step.seq_lens, q)
+            elif type(dec) is _HostPlannedDecodeWrapper:  # eager rows: read in place
+                inputs = dec.plan_eager(bt_d, sq_d, q)
             else:
                 dec.plan_from_host(bt_d, sq_d, q)
         return IndexerMetadata(nd, q, nd * q, p0, pre_rows, max(nd * q, p0 + pre_rows), dec,
-                               chunks, self._generation)
+                               chunks, self._generation, inputs)
 
     def _plan_prefill(self, bt_all, seq_lens, pq, ps) -> list[PrefillChunk]:
         """Chunks of the step's prefill requests (SPEC 7) from their block table rows
         ``bt_all [P, W]``, device seq lens ``seq_lens [P]``, absolute query offsets ``pq``
         (ints ``[P+1]``) and host seq lens ``ps`` (ints ``[P]``), on host ints; Triton: each
-        chunk's row blocks, splits and scratch, staged in one pinned buffer (one
+        chunk's row blocks, splits and scratch, staged in one host buffer (one
         non-blocking H2D copy per step), and every launch's arguments. Triton: the score and
         merge kernels read ``min(device seq len, staged host copy)`` (``scan.block_rows_info``),
         so no kernel reads past what the plan sized and ``plan`` issues no clamp op; the
@@ -918,7 +951,6 @@ class Indexer:
         if n_blk > st.max_blocks:  # cannot happen within the config's limits
             v.fail("step", f"at most {st.max_blocks} prefill row blocks (staging)", n_blk)
         self._slot = (self._slot + 1) % _NUM_STAGING
-        st.acquire()
         host[:n_pre] = ps
         host[st.qsl_at:st.qsl_at + n_pre + 1] = pq
         for k, (a, b, nb, gathered, offs, blocks, nblk, bm, _, bo) in enumerate(plans):
@@ -1141,33 +1173,38 @@ class Indexer:
         self._check_forward(index_q, cache, metadata, out)
         if self.backend != "triton":  # reference: every page the step reads is in the cache
             self._check_block_ids(metadata, cache.shape[0])
+        if metadata.num_decode_rows:
+            self._decode_rows(index_q, cache, metadata, out)
+        if metadata.prefill_chunks:
+            self._prefill_rows(index_q, cache, metadata, out)
+        return out
+
+    __call__ = forward
+
+    @staticmethod
+    def _decode_rows(index_q, cache, metadata: "IndexerMetadata", out) -> None:
+        """The decode rows ``[0, num_decodes * Q)`` through the planned wrapper."""
         nr = metadata.num_decode_rows
-        if nr:
-            dec = metadata.decoder
-            if nr != index_q.shape[0]:
-                index_q_d, out_d = index_q[:nr], out[:nr]
-            else:
-                index_q_d, out_d = index_q, out
-            if isinstance(dec, _HostPlannedDecodeWrapper):
-                dec.run_planned(index_q_d, cache, out_d)
-            else:
-                dec.run(index_q_d, cache, out_d)
-        if not metadata.prefill_chunks:
-            return out
+        dec = metadata.decoder
+        if nr != index_q.shape[0]:  # index_q and out may each have more rows (SPEC 8.1)
+            index_q = index_q[:nr]
+        if nr != out.shape[0]:
+            out = out[:nr]
+        if isinstance(dec, _HostPlannedDecodeWrapper):
+            dec.run_planned(index_q, cache, out, metadata.decode_inputs)
+        else:
+            dec.run(index_q, cache, out)
+
+    def _prefill_rows(self, index_q, cache, metadata: "IndexerMetadata", out) -> None:
+        """Every prefill chunk's rows, in order (eager)."""
         if self.backend == "triton":
-            if self._cuda_guard:
-                with torch.cuda.device(self.device):
-                    self._triton_prefill(index_q, cache, metadata, out)
-            else:
+            with self._device_guard(self.device):
                 self._triton_prefill(index_q, cache, metadata, out)
-            return out
+            return
         p0 = metadata.prefill_row_start
         for ch in metadata.prefill_chunks:
             lo, hi = p0 + ch.row_start, p0 + ch.row_end
             self._reference_chunk(index_q[lo:hi], cache, ch, metadata, out[lo:hi])
-        return out
-
-    __call__ = forward
 
     @staticmethod
     def _check_block_ids(md: "IndexerMetadata", num_blocks: int) -> None:
@@ -1186,19 +1223,21 @@ class Indexer:
     def _triton_prefill(self, index_q, cache, md, out) -> None:
         """Every chunk's planned launches: gather into the workspace, score, merge. The
         staged row offsets are absolute: the kernels take all of ``index_q`` and ``out``."""
-        q8 = index_q.view(torch.uint8)
-        qs = q8.stride()
         cs = cache.stride(0)
         n_cache = cache.shape[0]
         gathers = self._gather if cache.data_ptr() % 2 == 0 else self._gather_bytes
         ws8 = self._ws8
         ws_pages = ws8.shape[0]
+        q8 = None
         for ch in md.prefill_chunks:
             L = ch.launch
             gather = gathers[L["gather_pages"]]
             for grid, (bt, bts, pages, off) in L["gather"]:
                 gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
                        n_cache)
+            if q8 is None:  # after the first gather launch (host time before it)
+                q8 = index_q.view(torch.uint8)
+                qs = q8.stride()
             L["score"](L["score_grid"], q8, qs[0], qs[1], *L["score_args"], out)
             m = L["merge"]
             if m is not None:

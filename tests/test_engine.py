@@ -309,23 +309,18 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch):
 
 def test_plan_device_ops_are_the_copies():
     """A Triton plan issues no torch op that does work (views left out) but the prefill
-    staging copy and the decode wrapper's multi-tensor copy: the prefill seq-len clamp is in
-    the kernels. (CPU: the staging copy is forced by a stub event; no kernel runs.)"""
+    staging copy and, in a decode-only step, the decode wrapper's multi-tensor copy: the
+    prefill seq-len clamp is in the kernels, and a mixed step's decode rows read the step's
+    tensors in place. (CPU:
+    the staging copy is forced; no kernel runs.)"""
     from benchmarks.labs.engine_hostprof import device_ops
-
-    class Event:
-        def record(self):
-            pass
-
-        def query(self):
-            return True
 
     ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
     for st in ix._staging:
-        st.event = Event()
+        st.copies = True  # as on a GPU (on the CPU the device buffer is the host one)
     cases = [
         (_step([3, 3, 5, 30, 40, 20, 3], [2300, 900, 700, 2000, 2200, 300, 2400], 2),
-         ["_foreach_copy_", "copy_"]),  # decode + three prefill chunks
+         ["copy_"]),  # decode (read in place) + three prefill chunks
         (_step([20, 10, 30], [2400, 2100, 300], 0), ["copy_"]),  # prefill only
         (_step([2, 2, 0, 0], [300, 2500, 0, 0], 4), ["_foreach_copy_"]),  # decode only
     ]
@@ -699,6 +694,54 @@ def test_decode_copies_are_one_multi_tensor_copy(monkeypatch):
         assert torch.equal(ix.decode_block_table[:3, :w], s.block_table[:, :w])
         assert bool((ix.decode_block_table[:3, w:] == -9).all())  # never past the step's
         assert torch.equal(ix.decode_seq_lens[:3], s.seq_lens)
+
+
+@pytest.mark.parametrize("width", [24, 26, 20])  # max_pages is 24
+def test_mixed_step_decode_rows_read_the_step_in_place(cache, width):
+    """Triton (interpreter): a mixed step's decode rows read the step's block table and seq
+    lens at ``forward`` (no copy in ``plan``: the shared decode buffers stay poisoned) when
+    its block table is at least as wide as the buffers (a view of the first 24 columns when
+    wider); a narrower one is copied as before. Rows equal the public ops either way."""
+    ix = ni.Indexer(_config(max_num_seqs=8), backend="triton")
+    q_lens, seqs = [2, 2, 2, 9], [300, 2500, 2550, 2400]
+    step = _step(q_lens, seqs, 3, width=width, seed=width)
+    ix.plan(_step([2, 2, 2], seqs[:3], 3, width=width, seed=1))  # the wrapper exists
+    ix.decode_block_table.fill_(-5)
+    ix.decode_seq_lens.fill_(-5)
+    md = ix.plan(step)
+    copied = width < 24
+    assert (md.decode_inputs is None) == copied
+    if not copied:
+        bt, sl = md.decode_inputs
+        assert bt.shape == (3, 24) and bt.data_ptr() == step.block_table.data_ptr()
+        assert sl.data_ptr() == step.seq_lens.data_ptr()
+    assert bool((ix.decode_block_table[:3, :width] == -5).all()) != copied
+    rows = sum(q_lens)
+    q, out = _forward_poisoned(ix, cache, md, rows, 2, seed=width)
+    assert torch.equal(out[:rows], _expected(q, cache, step, 3, 2))
+    assert bool((out[rows:] == POISON).all())
+    # the decode-only step after it copies into the buffers again (its graph reads them)
+    dstep = _step([2, 2, 2], seqs[:3], 3, width=width, seed=width + 1)
+    md = ix.plan(dstep)
+    assert md.decode_inputs is None
+    assert torch.equal(ix.decode_seq_lens[:3], dstep.seq_lens)
+    w = min(width, 24)
+    assert torch.equal(ix.decode_block_table[:3, :w], dstep.block_table[:, :w])
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("q_extra,out_extra", [(0, 3), (3, 0), (2, 5)])
+def test_forward_rows_of_index_q_and_out_independent(cache, backend, q_extra, out_extra):
+    """``index_q`` and ``out`` may each have more rows than the step (SPEC 8.1), independently
+    of each other: the decode rows are written, the rest of ``out`` stays poisoned."""
+    ix = ni.Indexer(_config(), backend=backend)
+    s = _step([2, 2, 2], [300, 2500, 2950], 3, width=24, seed=13)
+    md = ix.plan(s)
+    q = _queries(6 + q_extra, seed=14)
+    out = torch.full((6 + out_extra, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, md, out)
+    assert torch.equal(out[:6], _expected(q, cache, s, 3, 2))
+    assert bool((out[6:] == POISON).all())
 
 
 def test_forward_per_layer_caches_of_other_sizes(cache):

@@ -197,7 +197,7 @@ def test_direct_path_on_a_stand_in_kernel(monkeypatch):
     (run,) = kern.runs
     assert run[:6] == (4, 2, 1, 77, "function", "packed")
     assert run[6:9] == (None, None, None)  # no hook installed: no metadata, no hook call
-    assert run[9] is x and run[10:] == (9, 2, 5)
+    assert run[9] == x.data_ptr() and run[10:] == (9, 2, 5)  # the address, not the tensor
     seen = []
     knobs.runtime.launch_enter_hook.add(seen.append)
     try:  # a profiler's hook: the JIT's metadata and the hook chains, as the JIT passes them
@@ -250,8 +250,17 @@ def test_typed_key_is_as_fine_as_the_generic_key():
     assert _typed_key((np.float64(1.0),)) is None  # a float subclass: the generic key's
     del by_type[np.float64]
     base = (torch.zeros(8, dtype=torch.int32), 7, None, 0.5, True, torch.zeros(4), 3)
-    key = _typed_key(base)
-    assert key is _typed_key(tuple(base))  # shared by launches of the same types
+    typed = _typed_key(base)
+    assert typed is _typed_key(tuple(base))  # shared by launches of the same types
+
+    def key(device, args):
+        got = typed(device, args)
+        if got is None:
+            return None
+        k, passed = got  # the launch's arguments: each tensor's address in its place
+        assert passed == tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a
+                               for a in args)
+        return k
     assert key(0, base) == key(0, base) and key(1, base) != key(0, base)
     for pos, a in enumerate(base):
         group = by_type[type(a)]
@@ -268,12 +277,12 @@ def test_typed_key_is_as_fine_as_the_generic_key():
                 assert key(0, base[:pos] + (other[0],) + base[pos + 1:]) is None, (pos, t)
     ints = by_type[int]
     one = _typed_key((0,))
-    cached = [one(0, (v,)) for v in ints]
+    cached = [one(0, (v,))[0] for v in ints]
     saved = dict(launcher._INT_CODES)
     launcher._INT_CODES.clear()
     try:
         launcher._INT_CODES_MAX, size = 0, launcher._INT_CODES_MAX
-        assert [one(0, (v,)) for v in ints] == cached and not launcher._INT_CODES
+        assert [one(0, (v,))[0] for v in ints] == cached and not launcher._INT_CODES
     finally:
         launcher._INT_CODES_MAX = size
         launcher._INT_CODES.update(saved)
@@ -297,7 +306,7 @@ def test_direct_launch_rekeys_on_every_specialization_change(monkeypatch):
             (x, 2 ** 31 - 1, 0.0)]
     for args in same:
         launch((1,), *args)
-        assert len(fn.jit) == 1 and kern.runs[-1][9:] == (*args, 2), args
+        assert len(fn.jit) == 1 and kern.runs[-1][9:] == (args[0].data_ptr(), *args[1:], 2)
     changes = [(x.float(), 7, 0.5), (raw[4:36].view(torch.int32), 7, 0.5),
                (x.to(torch.int64), 7, 0.5), (x, 1, 0.5), (x, 16, 0.5),
                (x, 2 ** 31, 0.5), (x, -2 ** 31 - 1, 0.5), (x, 2 ** 63, 0.5), (x, 7, None),
@@ -366,6 +375,10 @@ def test_direct_launches_per_specialization_and_in_graphs():
     assert len(launch.compiled) == 2
     with pytest.raises(TypeError, match="expected 4 runtime arguments"):
         launch((1,), base, y, 256)
+    # a CPU tensor where a CUDA one was: another key, so the JIT's launcher checks the
+    # pointer and refuses it (the direct path hands the kernel addresses unchecked)
+    with pytest.raises(ValueError, match="cpu tensor"):
+        _run(launch, base[:256].cpu(), y, 3)
     x = base[:256].clone()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()

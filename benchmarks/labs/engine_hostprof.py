@@ -180,13 +180,13 @@ PLAN_PHASES = [  # (owner, attribute, label); missing ones are skipped
     (eng, "_prefill_launch", "  launch_params"),
     (eng.Indexer, "_launch_template", "  launch_params"),
     (eng._HostPlannedDecodeWrapper, "plan_from_host", "decode_copies"),
+    (eng._HostPlannedDecodeWrapper, "plan_eager", "decode_in_place"),
     (eng._Staging, "copy", "  h2d_copy"),
 ]
 FWD_PHASES = [
     (eng.Indexer, "_check_forward", "fwd_checks"),
-    (eng._HostPlannedDecodeWrapper, "run", "decode_run"),
-    (eng.Indexer, "_triton_chunk", "prefill_chunks"),
-    (eng.Indexer, "_reference_chunk", "prefill_chunks"),
+    (eng.Indexer, "_decode_rows", "decode_rows"),
+    (eng.Indexer, "_prefill_rows", "prefill_rows"),
 ]
 
 

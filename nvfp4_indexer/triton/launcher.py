@@ -17,7 +17,10 @@ kernel compiled for a different specialization. A direct launch builds that key 
 made for the argument types of the first one (``_typed_key``: one pass of straight-line code,
 a type guard per argument, ints' classes cached), falling back to the generic ``_launch_key``
 when the types differ: 3.7 against 10.6 us for 12 arguments on the CI CPU
-(``benchmarks/labs/launch_key_cpu.py``). Under the interpreter
+(``benchmarks/labs/launch_key_cpu.py``). The same pass reads each tensor's address once and
+hands the compiled kernel that int: Triton's launcher then skips its own ``data_ptr()`` call
+and ``cuPointerGetAttribute`` check per pointer argument (a tensor's device type is part of
+the key, so a CPU tensor still takes the JIT path and its error). Under the interpreter
 (``TRITON_INTERPRET=1``) or without CUDA every launch goes through the JIT, after the same
 checks (parameter layout, constexprs, argument count and types) as on a GPU: CPU tests see the
 errors a GPU launch would raise.
@@ -83,12 +86,15 @@ def _typed_key(args: tuple):
     ``args`` (None if one is unsupported: the generic key raises for it).
 
     ``key(device, args)`` returns None when an argument's type differs from those (the caller
-    falls back to ``_launch_key``), else a flat tuple: the device, the two knobs of
-    ``_launch_key``, per tensor its dtype, per tensor whether its address is a multiple of 16,
-    per int its ``_int_code``. None / bool / float arguments add nothing: with their type fixed,
-    so is their specialization. As fine as ``_launch_key`` for those types, in one pass of
-    straight-line code (as Triton builds its argument binder): no Python call per argument but
-    ``data_ptr`` and the int cache's ``get``."""
+    falls back to ``_launch_key``), else ``(key, launch_args)``. ``key`` is a flat tuple: the
+    device, the two knobs of ``_launch_key``, per tensor its dtype and whether it is a CUDA
+    tensor, per tensor whether its address is a multiple of 16, per int its ``_int_code``.
+    None / bool / float arguments add nothing: with their type fixed, so is their
+    specialization. ``launch_args`` is ``args`` with each tensor replaced by its address (an
+    int: what the compiled kernel's launcher takes without a driver query). As fine as
+    ``_launch_key`` for those types, in one pass of straight-line code (as Triton builds its
+    argument binder): no Python call per argument but ``data_ptr`` and the int cache's
+    ``get``."""
     types = tuple(map(type, args))
     if all(issubclass(t, torch.Tensor) or t in (int, float, bool, type(None)) for t in types):
         return _key_function(types)
@@ -101,14 +107,18 @@ def _key_function(types: tuple):
     names = [f"a{i}" for i in range(len(types))]
     tensors = [n for n, t in zip(names, types) if issubclass(t, torch.Tensor)]
     ints = [n for n, t in zip(names, types) if t is int]
+    ptr = {n: f"p{n}" for n in tensors}  # each tensor's address, read once
     fields = ["device", "knobs.runtime.debug", "knobs.compilation.instrumentation_mode",
-              *(f"{n}.dtype" for n in tensors), *(f"{n}.data_ptr() & 15 == 0" for n in tensors),
+              *(f"{n}.dtype" for n in tensors), *(f"{n}.is_cuda" for n in tensors),
+              *(f"{ptr[n]} & 15 == 0" for n in tensors),
               *(f"(codes_get({n}) or int_code({n}))" for n in ints)]
+    passed = [ptr.get(n, n) for n in names]
     guard = " and ".join(f"type({n}) is t{i}" for i, n in enumerate(names)) or "True"
     unpack = f"    {', '.join(names)}, = args\n" if names else ""
+    reads = "".join(f"        {ptr[n]} = {n}.data_ptr()\n" for n in tensors)
     src = (f"def key(device, args):\n{unpack}"
-           f"    if {guard}:\n"
-           f"        return ({', '.join(fields)},)\n"
+           f"    if {guard}:\n{reads}"
+           f"        return ({', '.join(fields)},), ({''.join(p + ', ' for p in passed)})\n"
            f"    return None\n")
     scope = {"knobs": knobs, "codes_get": _INT_CODES.get, "int_code": _int_code,
              **{f"t{i}": t for i, t in enumerate(types)}}
@@ -179,15 +189,17 @@ class CachedLaunch:
             return
         drv = driver.active  # what the JIT reads the device and the stream from
         device = drv.get_current_device()
-        key = self.key(device, args)
-        if key is None:  # the first direct launch, or argument types other than its
+        got = self.key(device, args)
+        if got is None:  # the first direct launch, or argument types other than its
             if self.key is _untyped:
                 typed = _typed_key(args)
                 if typed is not None:
                     self.key = typed
-                    key = typed(device, args)
-            if key is None:  # raises TypeError on an unsupported argument type
-                key = ("any types", *_launch_key(device, args))
+                    got = typed(device, args)
+        if got is None:  # raises TypeError on an unsupported argument type
+            key, launch_args = ("any types", *_launch_key(device, args)), args
+        else:
+            key, launch_args = got
         entry = self.compiled.get(key)
         if entry is None:  # Triton's JIT: compile (or find) and launch; keep the compiled kernel
             k = self.fn[grid](*args, **self.kwargs)
@@ -209,6 +221,7 @@ class CachedLaunch:
                 or (leave.calls if type(leave) is HookChain else leave is not None)):
             full = args + self.tail  # a profiler's hooks get what the JIT gives them
             run(grid[0], g1, g2, stream, function, packed, k.launch_metadata(grid, stream, *full),
-                enter, leave, *full)
+                enter, leave, *launch_args, *self.tail)
         else:  # no hook to call: no launch metadata to build (host time)
-            run(grid[0], g1, g2, stream, function, packed, None, None, None, *args, *self.tail)
+            run(grid[0], g1, g2, stream, function, packed, None, None, None, *launch_args,
+                *self.tail)

@@ -57,12 +57,19 @@ def portable_default(device) -> bool:
     return interpreting() or torch.device(device).type != "cuda"
 
 
+_NO_GUARD = contextlib.nullcontext()  # reentrant: shared by every no-op guard
+
+
 def device_guard(device):
-    """Context manager making ``device`` current for a launch (multi-GPU safety); no-op off CUDA."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    """Context manager making ``device`` current for a launch (multi-GPU safety); a no-op off
+    CUDA and when ``device`` already is current (entering ``torch.cuda.device`` costs ~2 us of
+    host time per launch on the H200's host; reading the current device ~0.3 us)."""
+    if type(device) is not torch.device:
+        device = torch.device(device)
+    if device.type != "cuda" or device.index is None \
+            or device.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return torch.cuda.device(device)
 
 
 # --------------------------------------------------------------------------------------------
