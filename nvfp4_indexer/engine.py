@@ -27,15 +27,19 @@ Decode wrappers (``DecodeIndexerWrapper``, one per (padded batch size, Q)) are c
 use; creating one compiles its kernels (Triton on a GPU), which syncs once. After that,
 ``plan`` reads host copies only: no device-to-host transfer and no sync.
 
-Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it enqueues at
-most one small device op on the current stream and prepares every launch of ``forward``:
+Planning is host work on ``query_start_loc_cpu`` / ``seq_lens_cpu`` (SPEC 8.1); it prepares
+every launch of ``forward`` and enqueues a few small device ops on the current stream:
 
 - a decode-only step: one multi-tensor copy of the decode block table and seq lens into the
   wrapper's buffers, which its CUDA graphs read (none when the step's tensors are those
   buffers);
 - a step with prefill requests: one non-blocking copy of the staged prefill metadata. Its
   decode rows run eagerly, so the Triton wrapper reads the step's block table and seq lens in
-  place at ``forward`` (no copy; the reference backend copies).
+  place at ``forward``. Those two are copied into the buffers (rows ``[:num_decodes]``) as in a
+  decode-only step when the block table is narrower than ``ceil(max_model_len / 128)``, with
+  the reference backend and with context-parallel decoders.
+
+The first plan of a (num_decodes, Q) also builds its wrapper (a compile and a sync on a GPU).
 
 The prefill kernels clamp each device seq len by its staged host copy themselves (Triton; the
 reference backend clamps in ``plan``), so no row reads past the pages ``plan`` sized. An
@@ -424,11 +428,17 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
 class _Staging:
     """One host buffer and its device twin.
 
-    The host buffer is pageable on purpose: a non-blocking copy out of pageable memory returns
-    once the driver holds the bytes in its own staging memory, without a device sync (CUDA's
-    API synchronization behavior of ``cudaMemcpyAsync``), so the next plan may rewrite it at
-    once. A pinned buffer needs an event per copy (``Event.record``: ~10 us of host time on
-    the H200's host, ``benchmarks/labs/hostop_cost.py``) and a wait before its reuse.
+    The host buffer is pageable on purpose, so that the next plan may rewrite it at once. A
+    pinned buffer needs an event per copy (``Event.record``: ~10 us of host time on the
+    H200's host, ``benchmarks/labs/hostop_cost.py``) and a wait before its reuse. The reuse
+    rests on how the driver copies pageable memory. CUDA documents such a ``cudaMemcpyAsync``
+    as possibly synchronous with respect to the host, or as synchronizing with the stream to
+    stage the bytes into pinned memory; both are safe here. Measured on the H200 with
+    driver 580, the copy returns in 5-7 us without waiting for a busy stream, and the step's
+    rows are right when its slot is rewritten before the copy has run
+    (``tests/test_engine.py::test_staging_reused_while_the_stream_is_busy``). A driver that
+    read pageable memory after returning would give a step the metadata of the plan two
+    steps later; that takes a stream at least two plans behind the host.
 
     Fixed regions (``S = max_num_seqs`` prefill requests at most): seq-len caps ``[0, S)``,
     absolute query offsets ``[S, 2S+1)``, the chunks' workspace offsets ``[2S+1, 4S+1)``
@@ -854,11 +864,14 @@ class Indexer:
 
         Validates ``step`` against its host copies (shapes, dtypes, devices; query lengths,
         seq lens, padding, sizes against the config), re-plans the decode wrapper of
-        (num_decodes, Q) (one device-to-device copy of the step's block table and seq lens
-        into its buffers) and groups the prefill requests into chunks that fit the workspace
+        (num_decodes, Q) and groups the prefill requests into chunks that fit the workspace
         (their metadata staged in one host buffer: one non-blocking host-to-device copy per
-        step; every launch of ``forward`` prepared). Reads no device value and never syncs
-        (except the first time a (num_decodes, Q) is seen on a GPU: its kernels compile).
+        step; every launch of ``forward`` prepared). A decode-only step's block table and seq
+        lens are copied into the wrapper's buffers (device to device; what its CUDA graphs
+        read). In a step with prefill requests the Triton decode rows read the step's own
+        tensors when ``forward`` runs (see the module doc for the cases that copy): keep them
+        unchanged until then. Reads no device value and never syncs (except the first time a
+        (num_decodes, Q) is seen on a GPU: its kernels compile).
 
         Returns:
             ``IndexerMetadata``, valid until the next ``plan()``.

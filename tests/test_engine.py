@@ -465,6 +465,44 @@ def test_from_vllm_reads_fields_by_name(cache):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_staging_reused_while_the_stream_is_busy():
+    """The pageable prefill staging buffer may be rewritten as soon as its copy is enqueued:
+    with the stream held by a sleeping kernel, plan / forward of step A, then B, then A'
+    (A's staging slot rewritten with other metadata before A's copy has run) give every
+    step its own rows (a copy that read the host buffer late would give A the rows of A')."""
+    dev = torch.device("cuda")
+    nb = 96
+    c = ni.new_index_cache(nb, device=dev)
+    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev),
+                     torch.randperm(nb * 128, device=dev))
+    ix = ni.Indexer(_config(device=dev, max_num_seqs=8))
+
+    def to_dev(s):
+        return ni.StepMetadata(s.query_start_loc.to(dev), s.query_start_loc_cpu,
+                               s.seq_lens.to(dev), s.seq_lens_cpu, s.block_table.to(dev),
+                               s.num_decodes)
+    cpu = [_step([2, 2, 30, 9], [300, 2500, 2400, 900], 2, seed=51),
+           _step([2, 2, 12, 40, 5], [2900, 700, 3000, 2100, 2600], 2, seed=52),
+           _step([2, 2, 44], [1900, 2200, 2700], 2, seed=53)]
+    steps = [to_dev(s) for s in cpu]
+    for s in steps:  # first uses (compiles) outside the timed part
+        ix.forward(_queries(int(s.query_start_loc_cpu[-1])).to(dev), c, ix.plan(s),
+                   torch.empty((int(s.query_start_loc_cpu[-1]), H, 16), dtype=torch.int32,
+                               device=dev))
+    torch.cuda.synchronize()
+    qs = [_queries(int(s.query_start_loc_cpu[-1]), seed=60 + i).to(dev)
+          for i, s in enumerate(steps)]
+    outs = [torch.full((q.shape[0], H, 16), POISON, dtype=torch.int32, device=dev) for q in qs]
+    torch.cuda._sleep(200_000_000)  # ~0.1 s: every copy below runs after the plans
+    for s, q, o in zip(steps, qs, outs):
+        ix.forward(q, c, ix.plan(s), o)
+    assert not torch.cuda.current_stream().query()  # the plans ran while the stream was busy
+    for s, q, o in zip(cpu, qs, outs):
+        assert torch.equal(o.cpu(), _expected(q.cpu(), c.cpu(), s, 2, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_plan_never_syncs_and_decode_graph_replays():
     dev = torch.device("cuda")
     nb = 96
