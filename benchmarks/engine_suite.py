@@ -8,7 +8,8 @@ requests (2_048 / 8_192 new tokens on 0 / 32_768 / 131_072 cached).
 
 Per step: ``plan_us`` = host wall clock of ``Indexer.plan`` (median of 50 after 10 untimed
 plans of the same step: an engine plans every step, so the steady state is what counts; the
-first plans after other work ran 60-130 us on the H200's host, then settled within ~10);
+first plans after other work ran 90-135 us on the H200's host, then settled within ~10:
+``plan_samples_us`` of ``docs/results/bench-h200-engine-session11-b.json``, taken without them);
 ``plan_in_place_us`` (decode-only steps) = the same with the step's block table and seq lens
 kept in the indexer's own decode buffers (``Indexer.decode_block_table`` / ``decode_seq_lens``:
 ``plan`` then issues no device op);

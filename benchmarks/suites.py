@@ -23,6 +23,7 @@ In ``--cpu-smoke`` every fast path is the reference backend on tiny inputs.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import traceback
 from typing import Callable
@@ -173,7 +174,7 @@ def summarize(suite: str, recs: list[dict], ctx: Context, expected: int) -> dict
             vals = [r[key] for r in rs if r.get(key) is not None]
             return {"cases": len(vals), "within": sum(x <= limit for x in vals),
                     "max": max(vals) if vals else None,
-                    "median": sorted(vals)[len(vals) // 2] if vals else None}
+                    "median": statistics.median(vals) if vals else None}
         s["decode_plan_us"] = within(dec, "plan_us", TARGET_ENGINE_DECODE_PLAN_US)
         s["decode_plan_in_place_us"] = within(dec, "plan_in_place_us",
                                               TARGET_ENGINE_DECODE_PLAN_US)

@@ -361,8 +361,7 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
             NotImplementedError: Q * H > 64 on Triton.
         """
         b, w = self.block_table.shape
-        if self.query_len is not None and query_len != self.query_len:
-            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+        self._check_query_len(query_len)
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
             dev = self.block_table.device
             self._runner = _kernels().DecodeRunner(
@@ -391,6 +390,10 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
             dst[0].copy_(src[0], non_blocking=True)
         self.query_len = query_len
 
+    def _check_query_len(self, query_len: int) -> None:
+        if self.query_len is not None and query_len != self.query_len:
+            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+
     def plan_eager(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
                    query_len: int):
         """Plan a step whose decode rows run eagerly (a mixed step: never captured). Triton
@@ -406,8 +409,7 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
         if self.backend != "triton" or self._runner is None or block_table.shape[1] < w:
             self.plan_from_host(block_table, seq_lens, query_len)
             return None
-        if self.query_len is not None and query_len != self.query_len:
-            v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
+        self._check_query_len(query_len)
         self.query_len = query_len
         return (block_table if block_table.shape[1] == w else block_table[:, :w]), seq_lens
 
