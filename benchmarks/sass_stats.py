@@ -12,6 +12,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --mma [--arch 89|100]  # the Gluon mma decode scorer
     python -m benchmarks.sass_stats --wgflat               # the Gluon page-per-warp scorer
     python -m benchmarks.sass_stats --prefill-wgmma        # the Gluon prefill score kernel
+    python -m benchmarks.sass_stats --redux-select [--arch 100]  # the Gluon select kernel
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
@@ -38,7 +39,7 @@ PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_pt
 
 
 def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_stages: int,
-             maxnreg: int | None):
+             maxnreg: int | None, arch: int = 90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -49,7 +50,7 @@ def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_
     if maxnreg is not None:
         opts["maxnreg"] = maxnreg
     return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options=opts)
+                          target=GPUTarget("cuda", arch, 32), options=opts)
 
 
 def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", dequant="ptx",
@@ -269,6 +270,61 @@ def wgflat_report() -> list[str]:
     return lines
 
 
+def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
+    """The Gluon select kernel (``triton.redux_select``) for ``sm_<arch>``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from nvfp4_indexer.triton.redux_select import redux_select_kernel
+    types = dict(scores_ptr="*fp32", seq_lens_ptr="*i32", width="i32", out_ptr="*i32")
+    consts = dict(Q=q_len, H=heads, N=max(16, triton.next_power_of_2(q_len * heads)), K=k,
+                  ROWS=rows)
+    fn = redux_select_kernel
+    sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
+    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs={}),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": rows})
+
+
+def redux_select_report(arch: int = 90) -> list[str]:
+    """One line per K (keys per lane: W <= 32 K) of the Gluon select at Q8 H4, 4 rows per
+    program: registers, LDL/STL, SASS instructions, REDUX count; the Gluon merge of the
+    one-launch kernel's split candidates at C = 64 and 512 candidates per row; then the
+    plain-Triton wide select at W = 128 (one warp per row) for comparison (SHFL count)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    lines = []
+    from nvfp4_indexer.triton.decode_wgmma import _select_wide_kernel
+    types = dict(scores_ptr="*fp32", seq_lens_ptr="*i32", width="i32", out_ptr="*i32")
+    wide = _compile(_select_wide_kernel, types, dict(Q=8, H=4, N=32, CHUNK=128), (), 1, 1,
+                    None, arch)
+    for k in (1, 4, 8, 16, 32):
+        ker = compile_redux_select(k=k, arch=arch)
+        st = sass_stats(ker)
+        redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))  # sm_100: CREDUX
+        lines.append(f"redux_select sm_{arch} K {k:2d}: {st['registers']} registers, "
+                     f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
+                     f"{redux} REDUX")
+    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
+    mtypes = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
+    for c in (64, 512):
+        consts = dict(Q=8, H=4, BLOCK_M=32, C=c, K=max(1, c // 32), ROWS=4)
+        sig = {n: "constexpr" if n in consts else mtypes[n] for n in redux_merge_kernel.arg_names}
+        ker = triton.compile(GluonASTSource(redux_merge_kernel, sig, constexprs=consts, attrs={}),
+                             target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+        st = sass_stats(ker)
+        redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))
+        lines.append(f"redux_merge sm_{arch} C {c:3d}: {st['registers']} registers, "
+                     f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
+                     f"{redux} REDUX")
+    st = sass_stats(wide)
+    lines.append(f"wide select sm_{arch} W 128 (1 warp): {st['registers']} registers, "
+                 f"{st['instructions']} SASS instructions, "
+                 f"{len(re.findall(r'SHFL', sass_text(wide)))} SHFL")
+    return lines
+
+
 def wgmma_report() -> list[str]:
     """Registers and per-page SASS instructions of the Gluon wgmma decode scorer, by rows."""
     lines = []
@@ -319,6 +375,15 @@ def _tool(name: str) -> str:
     return hits[0]
 
 
+def sass_text(kernel) -> str:
+    """The SASS of a compiled kernel (``nvdisasm`` of its cubin)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=True).stdout
+
+
 def sass_stats(kernel) -> dict:
     """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]`` and the
     LDL/STL in each (``loop_spills``), F2FP count and
@@ -326,11 +391,10 @@ def sass_stats(kernel) -> dict:
     loops that hold HGMMA: ``mma_loop_spill_ops``). ``local_bytes`` is the resource usage's
     ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``): ``spill_ops`` is the
     spill check."""
+    sass = sass_text(kernel)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
         usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name],
                                capture_output=True, text=True, check=True).stdout
     lines = sass.splitlines()
@@ -374,10 +438,16 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="--mma target (89, 90, 100)")
     ap.add_argument("--prefill-wgmma", action="store_true",
                     help="the Gluon prefill score kernel (prefill_wgmma)")
+    ap.add_argument("--redux-select", action="store_true",
+                    help="the Gluon select kernel of the page-score paths (redux_select)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
+    if args.redux_select:
+        for line in redux_select_report(args.arch):
+            print(line, flush=True)
+        return 0
     if args.wgflat:
         for line in wgflat_report():
             print(line)

@@ -204,6 +204,9 @@ def _select_scores(width: int, seed: int) -> torch.Tensor:
     s[4, :, ::5] = float("inf")
     s[4, :, 1::9] = float("-inf")
     s[4, 3] = float("nan")  # a row of NaN pages only
+    s[5, :, ::3] = 1e-40  # subnormals of both signs, NaN with the sign bit set
+    s[5, :, 1::3] = -1e-40
+    s[5, :, 2::11] = -float("nan")
     return s
 
 
@@ -228,6 +231,106 @@ def test_select_kernel_matches_reference(width, wide):
     local = torch.where(pos >= 0, pos // 128, -1).reshape(-1)
     per_row = scores[:, :q_len * heads].reshape(b * q_len, heads, width)
     assert torch.equal(out.cpu(), ref.select_pages(per_row, local))
+
+
+KINDS = ({"gluon": True}, {"wide": True})  # the redux test's two select kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("q_len,heads", [(2, 4), (1, 1), (3, 2), (8, 8)])
+@pytest.mark.parametrize("width", [20, 33, 40, 100, 256, 500, 1000])
+def test_gpu_redux_select_matches_wide_select(width, q_len, heads, monkeypatch):
+    """The Gluon select (``redux_select``, K = 1..32 keys per lane, rows per program 1 / 2 /
+    4 with masked rows when Q*H is not a multiple) writes exactly what the plain-Triton wide
+    select and the reference write: ties, NaN of both signs, +-0.0, +-inf, subnormals, a
+    NaN-only row, L = 16 / 17, a program mixing L = 15 and 16 rows, short and padding rows;
+    nothing outside ``out``."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("needs SM80+ (redux.sync)")
+    monkeypatch.setattr(WG, "SELECT_REDUX_MAX_WIDTH", 1024)
+    kernel = WG.select_launch(7, width, q_len, heads, gluon=True)[0]
+    assert kernel.__name__ == "redux_select_kernel"
+    rows, b = max(16, triton.next_power_of_2(q_len * heads)), 7
+    scores = _select_scores(width, seed=width)
+    scores = scores.repeat(1, (rows + 15) // 16, 1)[:, :rows]
+    seq_lens = torch.tensor([width * 128, (width - 1) * 128 + 64, width * 128, width * 128 - 1,
+                             17 * 128 + 1, 16 * 128 + 1, 0],
+                            dtype=torch.int32).clamp(max=width * 128)
+    buf = torch.full((WG.scratch_elems(b, width, rows),), float("nan"))
+    buf[:b * rows * width] = scores.reshape(-1)
+    outs = []
+    for kind in KINDS:
+        big, out = poisoned_out(b * q_len, heads)
+        WG.select(buf.to(DEV), seq_lens.to(DEV), out, width=width, query_len=q_len,
+                  num_heads=heads, rows=rows, **kind)
+        assert_guards(big)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], outs[1])
+    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len)[None, :]  # [B, Q]
+    local = torch.where(pos >= 0, pos // 128, -1).reshape(-1)
+    per_row = scores[:, :q_len * heads].reshape(b * q_len, heads, width)
+    assert torch.equal(outs[0], ref.select_pages(per_row, local))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("q_len,heads", [(8, 4), (1, 1), (3, 2), (8, 8)])
+@pytest.mark.parametrize("splits,keep", [(2, 16), (10, 4), (249, 1), (32, 16)])
+def test_gpu_redux_merge_matches_triton_merge(splits, keep, q_len, heads):
+    """The Gluon merge of split candidates (``redux_merge_kernel``, C = splits * keep up to
+    512 per row) writes exactly what the Triton merge kernel writes and what a sort of the
+    packed keys gives: candidate lists with EMPTY slots, coarse scores (ties by id), NaN,
+    +-0.0, +-inf, rows of L = 16 / 17, short and padding rows; nothing outside ``out``."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("needs SM80+ (redux.sync)")
+    from nvfp4_indexer.reference.candidates import pack_candidates
+    from nvfp4_indexer.triton.decode import _decode_merge_kernel
+    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
+    c = splits * keep
+    rows, b = max(16, triton.next_power_of_2(q_len * heads)), 6
+    width = max(c, 40)
+    g = torch.Generator().manual_seed(c + q_len)
+    scores = torch.randint(-3, 4, (b * rows, c), generator=g).float()
+    scores[0::3, ::5] = float("nan")
+    scores[1::3, 1::7] = -0.0
+    scores[1::3, 2::7] = 0.0
+    scores[2::3, ::4] = float("inf")
+    scores[2::3, 1::9] = float("-inf")
+    ids = torch.stack([torch.randperm(width, generator=g)[:c] for _ in range(b * rows)])
+    cand = pack_candidates(scores, ids)
+    cand[torch.rand(b * rows, c, generator=g) < 0.1] = -(2 ** 63)  # EMPTY slots
+    seq_lens = torch.tensor([width * 128, 17 * 128 + q_len - 1, 16 * 128 + q_len, 130, 0,
+                             width * 128 - 1], dtype=torch.int32)
+    outs = []
+    for gluon in (True, False):
+        big, out = poisoned_out(b * q_len, heads)
+        args = (cand.to(DEV), seq_lens.to(DEV), out, width)
+        if gluon:
+            r = min(4, triton.next_power_of_2(q_len * heads))
+            redux_merge_kernel[(b, triton.cdiv(q_len * heads, r))](
+                *args, Q=q_len, H=heads, BLOCK_M=rows, C=c,
+                K=triton.next_power_of_2(triton.cdiv(c, 32)), ROWS=r, num_warps=r)
+        else:
+            _decode_merge_kernel[(b, q_len * heads)](
+                *args, Q=q_len, H=heads, BLOCK_M=rows, NUM_SPLITS=splits,
+                SPLITS_PAD=triton.next_power_of_2(splits), ROWS=1, KEEP=keep, num_warps=1)
+        assert_guards(big)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], outs[1])
+    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len)[None, :]
+    local = torch.where(pos >= 0, pos // 128, 0).reshape(-1)
+    got = outs[0].reshape(b * q_len, heads, 16)
+    for r in range(b * q_len):
+        for h in range(heads):
+            L = int(local[r])
+            if L <= 15:
+                want = [j if j <= L else -1 for j in range(16)]
+            else:
+                row = (r // q_len) * rows + (r % q_len) * heads + h
+                top = torch.sort(cand[row], descending=True).values[:15]
+                want = [int(x) for x in ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(torch.int32)] + [L]
+            assert got[r, h].tolist() == want, (r, h)
 
 
 @pytest.mark.parametrize("dequant", FAST_MODES)
@@ -521,8 +624,8 @@ def test_gluon_launch_refuses_a_misaligned_cache(dequant, offset, stride):
 def test_choose_dequant_page_score_rule(monkeypatch):
     """The default-dequant rule of ``heuristics.choose_dequant`` on a (simulated) SM90 GPU:
     "mma" from ``MMA_MIN_PAGES`` pages B * (W - 1) and ``MMA_MIN_WIDTH`` pages W - 1 at <= 32
-    rows, "wgflat" from ``WGFLAT_MIN_PAGES`` (or the explicit ``min_pages`` when larger) at
-    32 rows,
+    rows, "wgflat" from ``WGFLAT_MIN_PAGES`` (or the explicit ``min_pages`` when larger) and
+    W - 1 >= ``WGFLAT_MIN_WIDTH`` at 32 rows,
     "wgmma" from ``WGMMA_MIN_PAGES`` at 64 rows (any B), an explicit ``min_pages`` for both,
     never without rows to score (W - 1 <= 15), off SM90 or with another dot; else the
     one-launch kernel's mode."""
@@ -552,6 +655,9 @@ def test_choose_dequant_page_score_rule(monkeypatch):
     assert pick(1, w_min, 32, min_pages=0) == "mma" and pick(1, 17, 64, min_pages=0) == "wgmma"
     assert pick(reqs, w_min - 1, 32, min_pages=0) == "triton"  # W - 1 < MMA_MIN_WIDTH
     assert pick(reqs, 16, 32, min_pages=0) == "triton"  # W - 1 = 15: every row is short
+    short = hz.WGFLAT_MIN_WIDTH  # W - 1 = WGFLAT_MIN_WIDTH - 1: "mma" however many pages
+    assert pick(hz.WGFLAT_MIN_PAGES, short, 32) == "mma"
+    assert pick(hz.WGFLAT_MIN_PAGES, short + 1, 32) == "wgflat"
     assert pick(reqs, w_min, 32, dot="fp32") == "triton"
     cap[0] = (10, 0)
     assert pick(reqs, w_min, 32) == "triton"  # measured on SM90 only
@@ -639,3 +745,28 @@ def test_gpu_page_score_first_run_captured(dequant):
     torch.cuda.synchronize()
     assert_guards(big)
     decode_check(batch, q, q_len, out, runner.error_bits)
+
+
+_REDUX_COMPILE = r'''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+from benchmarks.sass_stats import redux_select_report
+for arch in (90, 100):
+    for line in redux_select_report(arch):
+        print(line)
+'''
+
+
+def test_redux_select_compiles_offline():
+    """The Gluon select compiles for sm_90a and sm_100a (no GPU) at K = 1, 4, 8, 16, 32 keys
+    per lane, and the Gluon merge at 64 / 512 candidates per row: two warp reductions per round
+    (30 REDUX), no spill; the select at K = 4 takes fewer instructions than the
+    plain-Triton wide select at W = 128 (K = 4: 512 against 992 on sm_90a at Triton 3.6)."""
+    lines = _offline(_REDUX_COMPILE)
+    assert len(lines) == 16, lines
+    for arch in range(2):
+        red, wide = lines[8 * arch:8 * arch + 7], lines[8 * arch + 7]
+        for ln in red:  # 5 select widths, then the merge at 64 / 512 candidates
+            assert " 0 LDL/STL, " in ln and ln.endswith(" 30 REDUX"), ln
+        count = lambda ln: int(ln.split(" SASS instructions")[0].split()[-1])  # noqa: E731
+        assert count(red[1]) < count(wide), (red[1], wide)

@@ -84,6 +84,17 @@ VARIANTS = {
     "wgf pps8": {"dequant": "wgflat", "programs_per_sm": 8},
     "wgf lab2": {"dequant": "wgflat", "_lab": 2},  # no lookup (wrong scores)
     "wgf lab3": {"dequant": "wgflat", "_lab": 3},  # no MMA (wrong scores)
+    # the select kernel (``decode_wgmma.select_launch``): the Gluon redux select up to a
+    # width, its rows per program, the int64 wide select for any row count
+    "mma oldsel": {"dequant": "mma", "_redux_width": 0},
+    "mma widesel": {"dequant": "mma", "_redux_width": 0, "_wide_rows": 1 << 30},
+    "mma rx512": {"dequant": "mma", "_redux_width": 512},
+    "mma rx1024": {"dequant": "mma", "_redux_width": 1024},
+    "mma rxr1": {"dequant": "mma", "_redux_rows": 1},
+    "mma rxr8": {"dequant": "mma", "_redux_rows": 8},
+    "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0},
+    "ptx oldmerge": {"dequant": "ptx", "_redux_merge": 0},  # the Triton merge kernel
+    "ptx rm4096": {"dequant": "ptx", "_redux_merge": 4096},
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
     "pps8": {"programs_per_sm": 8},
@@ -91,6 +102,10 @@ VARIANTS = {
     "ns64": {"num_splits": 64},
     "ns250": {"num_splits": 250},
 }
+SELECT_KNOBS = {"_redux_width": ("decode_wgmma", "SELECT_REDUX_MAX_WIDTH"),
+                "_redux_rows": ("decode_wgmma", "SELECT_REDUX_ROWS"),
+                "_wide_rows": ("decode_wgmma", "SELECT_WIDE_MAX_ROWS"),
+                "_redux_merge": ("decode", "REDUX_MERGE_MAX_CANDIDATES")}
 QUICK_VARIANTS = ("base", "ptx", "wg", "pps8")
 SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not checked
 
@@ -98,8 +113,8 @@ SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not c
 def make_runner(b, width, dev, kw):
     """A ``DecodeRunner`` for variant knobs ``kw`` (``_lab``: ``decode_wgmma.MMA_LAB``;
     ``_narrow_select``: no wide select; ``_wgf_stages`` / ``_wgf_async``: the wgflat scorer's
-    ring slots / ASYNC, ``decode_wgmma.WGFLAT_LAB_*``; all only while its launches are
-    built)."""
+    ring slots / ASYNC, ``decode_wgmma.WGFLAT_LAB_*``; ``SELECT_KNOBS``: select / merge rule
+    constants; all only while its launches are built)."""
     from nvfp4_indexer.triton import decode_wgmma
     from nvfp4_indexer.triton.decode import DecodeRunner
 
@@ -108,18 +123,25 @@ def make_runner(b, width, dev, kw):
     lab = kw.pop("_lab", 0)
     narrow = kw.pop("_narrow_select", False)
     wgf = (kw.pop("_wgf_stages", None), kw.pop("_wgf_async", None))
-    decode_wgmma.WGFLAT_LAB_STAGES, decode_wgmma.WGFLAT_LAB_ASYNC = wgf
-    wide_rows = decode_wgmma.SELECT_WIDE_MAX_ROWS
-    decode_wgmma.MMA_LAB = lab
+    # select rule knobs: decode_wgmma module constants while the runner is built
+    from nvfp4_indexer.triton import decode as decode_mod
+    mods = {"decode_wgmma": decode_wgmma, "decode": decode_mod}
+    sel = {SELECT_KNOBS[knob]: kw.pop(knob) for knob in list(kw) if knob in SELECT_KNOBS}
     if narrow:
-        decode_wgmma.SELECT_WIDE_MAX_ROWS = 0
+        sel[("decode_wgmma", "SELECT_WIDE_MAX_ROWS")] = 0
+    saved = {key: getattr(mods[key[0]], key[1]) for key in sel}
+    decode_wgmma.WGFLAT_LAB_STAGES, decode_wgmma.WGFLAT_LAB_ASYNC = wgf
+    decode_wgmma.MMA_LAB = lab
+    for (mod, name), val in sel.items():
+        setattr(mods[mod], name, val)
     try:
         runner = DecodeRunner(HEADS, b, width, Q_LEN, dev, config=config_of("decode", kw))
     finally:
         decode_wgmma.MMA_LAB = 0
-        decode_wgmma.SELECT_WIDE_MAX_ROWS = wide_rows
+        for (mod, name), val in saved.items():
+            setattr(mods[mod], name, val)
         decode_wgmma.WGFLAT_LAB_STAGES = decode_wgmma.WGFLAT_LAB_ASYNC = None
-    runner.lab = (lab, narrow, wgf)
+    runner.lab = (lab, narrow, wgf, tuple(sorted(sel.items())))
     return runner
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
          (128, 1_000)]  # (batch, nominal len)

@@ -31,11 +31,14 @@ These and window / num_warps / num_stages / programs_per_sm / maxnreg are the tu
 of ``config.DecodeConfig`` (``benchmarks/labs/dequant_lab.py`` varies them; measurements:
 docs/benchmarks.md).
 
-Merge kernel, grid ``(B, Q*H)``: one row per program (``heuristics.merge_config``; 1-4 warps by
-the candidate count) loads the row's ``NUM_SPLITS * KEEP`` candidates and writes the final
-SPEC 5 output (15 rounds of max-and-remove, skipped when the row is short; slot 15 = L;
-padding rows by formula). With ``NUM_SPLITS == 1`` the score kernel writes the output itself
-and there is no merge launch and no candidate scratch.
+Merge kernel: loads each row's ``NUM_SPLITS * KEEP`` candidates and writes the final SPEC 5
+output (15 rounds of max-and-remove, skipped when the row is short; slot 15 = L; padding rows
+by formula). On a CUDA GPU (SM80+, no ``pdl``) with at most ``REDUX_MERGE_MAX_CANDIDATES``
+candidates per row it is the Gluon ``redux_select.redux_merge_kernel`` (one row per warp,
+``decode_wgmma.SELECT_REDUX_ROWS`` rows per program, two warp reductions per round); else
+``_decode_merge_kernel``, grid ``(B, Q*H)``, one row per program (``heuristics.merge_config``;
+1-4 warps by the candidate count), which the interpreter runs. With ``NUM_SPLITS == 1`` the
+score kernel writes the output itself and there is no merge launch and no candidate scratch.
 
 Nothing depends on host values of ``seq_lens`` / ``block_table``: the grid and all constexprs
 are a function of (B, W, Q, H, SM count), every program writes all of its outputs every run
@@ -92,6 +95,9 @@ from .scan import (clamped_seq_len, decode_rows, finish_split, merge_splits, out
                    scan_pages)
 from .scoring import nvfp4_page_scores, nvfp4_page_scores_ptx
 
+# the merge of split candidates on a GPU: the Gluon ``redux_merge_kernel`` (one row per warp,
+# two warp reductions per round) up to this many candidates per row, else ``_decode_merge_kernel``
+REDUX_MERGE_MAX_CANDIDATES = 512
 # b of SPEC 9's tie tolerance e = 2^-b * max_t sum_d |q_d K_d|, per dot mode (see module doc).
 SCORE_ERROR_BITS = {"fp16": 15, "bf16": 15, "fp8": 5, "fp32": 16}
 
@@ -320,6 +326,19 @@ class DecodeRunner:
             DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
             PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
             **self._reg_cap)
+        cands = self.num_splits * self.keep
+        if self.num_splits > 1 and not self.pdl and cands <= REDUX_MERGE_MAX_CANDIDATES \
+                and not portable_default(self.device) \
+                and torch.cuda.get_device_capability(self.device) >= (8, 0):
+            # the Gluon merge (``redux_select.redux_merge_kernel``): one row per warp
+            from .redux_select import redux_merge_kernel
+            self.merge_rows = self.merge_warps = min(decode_wgmma.SELECT_REDUX_ROWS,
+                                                     hz.next_pow2(q * h))
+            self._merge = CachedLaunch(
+                redux_merge_kernel, Q=q, H=h, BLOCK_M=self.block_m, C=cands,
+                K=hz.next_pow2(triton.cdiv(cands, 32)), ROWS=self.merge_rows,
+                num_warps=self.merge_warps)
+            return
         self._merge = CachedLaunch(
             _decode_merge_kernel, Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
             SPLITS_PAD=self.splits_pad, ROWS=self.merge_rows, KEEP=self.keep, PDL=self.pdl,

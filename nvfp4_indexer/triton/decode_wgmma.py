@@ -23,11 +23,21 @@ Two launches per run:
    - "wgmma" (``wgmma_scorer``, 64 rows): one warpgroup per program, 9 KB of raw bytes per
      page loaded straight into the wgmma A-operand layout (one page ahead), one
      ``warpgroup_mma [128 tokens, 128] x [128, N]`` against the query in shared memory.
-2. Select kernel (plain Triton), grid ``(B, Q*H)``: one row per program. One pass over the
-   row's page scores ``j < L`` keeps the largest packed candidate (``topk.pack_candidate``)
-   of each residue class ``j % 16``; then 15 rounds each take the largest class maximum and
-   replace it by the next candidate of that class (a reload of ~L/16 scores), so a round
-   costs L/16 elements, not L. Short rows by formula, padding rows per SPEC 5.
+2. Select kernel (``select_launch``): SPEC 5's output from each row's page scores ``j < L``.
+   Three kernels, the same output:
+
+   - on the Gluon paths ("mma", "wgflat", "wgmma") with W <= ``SELECT_REDUX_MAX_WIDTH``,
+     ``redux_select`` (Gluon): the row's scores in one warp's registers as int32 keys, each of
+     the 15 rounds two warp reductions (``redux.sync``: the largest key, then the smallest
+     page id holding it);
+   - else, for at most ``SELECT_WIDE_MAX_ROWS`` rows, ``_select_wide_kernel`` (plain Triton,
+     the interpreter too): the row's packed int64 candidates (``topk.pack_candidate``) in
+     registers on up to 8 warps, 15 ``tl.max`` rounds;
+   - else ``_select_kernel`` (plain Triton): one pass keeps the largest packed candidate of
+     each residue class ``j % 16``; then 15 rounds each take the largest class maximum and
+     replace it by the next candidate of that class (a reload of ~L/16 scores).
+
+   Short rows by formula, padding rows per SPEC 5.
 
 Dim order: any permutation of the 128 dims applied to both q and K leaves every dot product
 unchanged. The A tile's column c holds physical dim ``phys_dim(c)``, the order in which the
@@ -71,6 +81,10 @@ MMA_LAB = 0  # labs only: the "mma" scorer's speed-of-light variant (``mma_score
 # fill the GPU with one-warp programs, whose rounds each wait on a reload
 SELECT_WIDE_MAX_ROWS = 512
 SELECT_WIDE_MAX_WIDTH = 8192
+# the Gluon select (``redux_select``: a row's keys in one warp's registers, two warp
+# reductions per round) on the GPU page-score paths for block tables up to this width
+SELECT_REDUX_MAX_WIDTH = 512
+SELECT_REDUX_ROWS = 4  # rows (warps) per program of the Gluon select
 
 
 def phys_dim(c: int) -> int:
@@ -358,19 +372,31 @@ GLUON_CACHE_ALIGN = {"mma": 16, "wgflat": 16, "wgmma": 8}
 
 
 def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
-                  wide: bool | None = None) -> tuple:
-    """``(kernel, constexprs, num_warps)`` of the select launch: the wide select for at most
-    ``SELECT_WIDE_MAX_ROWS`` rows and W <= ``SELECT_WIDE_MAX_WIDTH`` (``wide`` forces it on
-    or off), its CHUNK = next power of two >= W on up to 8 warps (256 keys per warp), else the
-    residue-class select on one warp per row."""
+                  wide: bool | None = None, gluon: bool = False) -> tuple:
+    """``(kernel, constexprs, num_warps, rows per program)`` of the select launch (grid
+    ``(B, cdiv(Q*H, rows per program))``):
+
+    - with ``gluon`` (a GPU page-score path) and W <= ``SELECT_REDUX_MAX_WIDTH``: the Gluon
+      ``redux_select`` kernel, K = next power of two >= W / 32 keys per lane, one row per warp,
+      ``SELECT_REDUX_ROWS`` warps per program;
+    - else the wide select for at most ``SELECT_WIDE_MAX_ROWS`` rows and W <=
+      ``SELECT_WIDE_MAX_WIDTH`` (``wide`` forces it on or off), its CHUNK = next power of two
+      >= W on up to 8 warps (256 keys per warp);
+    - else the residue-class select on one warp per row.
+    ``wide`` True / False also turns the Gluon kernel off (tests, labs)."""
+    if gluon and wide is None and width <= SELECT_REDUX_MAX_WIDTH:
+        from .redux_select import redux_select_kernel
+        k = triton.next_power_of_2(triton.cdiv(width, 32))
+        rows = min(SELECT_REDUX_ROWS, triton.next_power_of_2(query_len * num_heads))
+        return redux_select_kernel, dict(K=k, ROWS=rows), rows, rows
     if wide is None:
         wide = (num_reqs * query_len * num_heads <= SELECT_WIDE_MAX_ROWS
                 and width <= SELECT_WIDE_MAX_WIDTH)
     if wide:
         chunk = triton.next_power_of_2(max(width, 16))
-        return _select_wide_kernel, dict(CHUNK=chunk), max(1, min(8, chunk // 256))
+        return _select_wide_kernel, dict(CHUNK=chunk), max(1, min(8, chunk // 256)), 1
     chunk, group = _select_blocks(width)
-    return _select_kernel, dict(CHUNK=chunk, GROUP=group), SELECT_WARPS
+    return _select_kernel, dict(CHUNK=chunk, GROUP=group), SELECT_WARPS, 1
 
 
 def _select_blocks(width: int) -> tuple[int, int]:
@@ -432,9 +458,11 @@ class PageScoreLaunch:
         else:
             self.score = CachedLaunch(_portable_score_kernel, Q=query_len, H=num_heads, N=rows,
                                       BB=bb, num_warps=4)
-        kernel, consts, warps = select_launch(num_reqs, width, query_len, num_heads)
+        kernel, consts, warps, per_prog = select_launch(num_reqs, width, query_len, num_heads,
+                                                        gluon=dequant != "lut")
         self.select = CachedLaunch(kernel, Q=query_len, H=num_heads, N=rows, **consts,
                                    num_warps=warps)
+        self.select_grid_y = triton.cdiv(query_len * num_heads, per_prog)
 
     def __call__(self, index_q, cache, block_table, seq_lens, out, scores, *,
                  num_blocks: int) -> None:
@@ -470,7 +498,7 @@ class PageScoreLaunch:
             self.score((self.programs,), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0), num_blocks, block_table, block_table.stride(0), width,
                        seq_lens, table.view(torch.uint8), scores, b, self.programs)
-        self.select((b, self.q_len * self.heads), scores, seq_lens, width, out)
+        self.select((b, self.select_grid_y), scores, seq_lens, width, out)
 
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
@@ -487,11 +515,12 @@ def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, 
 
 
 def select(scores, seq_lens, out, *, width: int, query_len: int, num_heads: int,
-           rows: int, wide: bool | None = None) -> None:
+           rows: int, wide: bool | None = None, gluon: bool = False) -> None:
     """The select kernel alone (``launch``'s second step; tests): the SPEC 5 output ``out``
     ``[B*Q, H, 16]`` from the page scores in ``scores`` viewed as ``[B, N, W]`` (row
-    n = i*H + h; entries ``j < L`` read); ``wide`` as ``select_launch``."""
+    n = i*H + h; entries ``j < L`` read); ``wide`` / ``gluon`` as ``select_launch``."""
     b = seq_lens.shape[0]
-    kernel, consts, warps = select_launch(b, width, query_len, num_heads, wide)
-    kernel[(b, query_len * num_heads)](scores, seq_lens, width, out, Q=query_len, H=num_heads,
-                                       N=rows, **consts, num_warps=warps)
+    kernel, consts, warps, per_prog = select_launch(b, width, query_len, num_heads, wide, gluon)
+    kernel[(b, triton.cdiv(query_len * num_heads, per_prog))](
+        scores, seq_lens, width, out, Q=query_len, H=num_heads, N=rows, **consts,
+        num_warps=warps)

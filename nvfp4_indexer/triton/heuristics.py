@@ -24,13 +24,14 @@ WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 MAX_WINDOW_ELEMS = 4096  # window * BLOCK_M bound of the window scratch
 MMA_MIN_PAGES = 2048  # B * (W - 1) from this on SM90: the page-score path (dequant "mma")
-MMA_MIN_WIDTH = 64  # ... and W - 1 from this (shorter requests: the one-launch kernel)
+MMA_MIN_WIDTH = 16  # ... and W - 1 from this (16: any request with pages to score)
 MMA_PROGRAMS_PER_SM = 12  # flat programs per SM of the mma path: its residency (one wave)
 MMA_MAXNREG = 168  # its register cap: 3 one-warp programs per scheduler, no spills
 MMA_STAGES = 4  # chunk slots of its cp.async ring (3 chunks of 16 tokens in flight)
 WGFLAT_PROGRAMS_PER_SM = 4  # its flat programs per SM: residency at <= 128 registers
 WGFLAT_MIN_PAGES = 24576  # B * (W - 1) from this on SM90 at 32 rows: dequant "wgflat"
 WGFLAT_MIN_ROWS = 32  # ... and BLOCK_M from this (at 16 rows it measured even with "mma")
+WGFLAT_MIN_WIDTH = 64  # ... and W - 1 from this (its measured domain; shorter: "mma")
 WGFLAT_MIN_GROUPS = 2  # its flat programs: at most one per this many groups of 4 pages
 WGFLAT_STAGES = 4  # chunk slots of its cp.async ring
 WGFLAT_ASYNC = 1  # the low K half's wgmma runs while the high half is looked up
@@ -318,10 +319,12 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
     """The decode runner's default dequant mode for a static shape (``rows`` = BLOCK_M):
     on SM90 GPUs with dot fp16, for batches of at least ``min_pages`` pages B * (W - 1) with
     rows to score, "mma" (``decode_wgmma``'s warp-per-program scorer; default ``min_pages``
-    ``MMA_MIN_PAGES``, and W - 1 >= ``MMA_MIN_WIDTH``) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at
+    ``MMA_MIN_PAGES``, and W - 1 >= ``MMA_MIN_WIDTH``, i.e. any width with pages to score
+    since the Gluon select) at <= ``MMA_MAX_ROWS`` rows, "wgmma" at
     more rows (default ``WGMMA_MIN_PAGES``: the mma scorer spills there); at 32 rows
-    (``WGFLAT_MIN_ROWS``) from ``max(min_pages, WGFLAT_MIN_PAGES)`` pages "wgflat" (the
-    page-per-warp wgmma scorer) instead of "mma"; else ``default_dequant`` (the one-launch
+    (``WGFLAT_MIN_ROWS``) from ``max(min_pages, WGFLAT_MIN_PAGES)`` pages with W - 1 >=
+    ``WGFLAT_MIN_WIDTH`` "wgflat" (the page-per-warp wgmma scorer) instead of "mma"; else
+    ``default_dequant`` (the one-launch
     kernel: its fused top-k saves the select launch). "mma" also runs on SM89 and SM100
     (``mma.sync``; compiled offline for sm_100a) but is measured on SM90 only, so it is the
     default there only."""
@@ -335,7 +338,8 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
             and torch.cuda.get_device_capability(device) == (9, 0):
         if wide:
             return "wgmma"
-        flat = rows >= WGFLAT_MIN_ROWS and pages >= max(min_pages, WGFLAT_MIN_PAGES)
+        flat = rows >= WGFLAT_MIN_ROWS and pages >= max(min_pages, WGFLAT_MIN_PAGES) \
+            and width - 1 >= WGFLAT_MIN_WIDTH
         return "wgflat" if flat else "mma"
     return default_dequant(device, dot)
 
