@@ -289,8 +289,9 @@ def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
 def redux_select_report(arch: int = 90) -> list[str]:
     """One line per K (keys per lane: W <= 32 K) of the Gluon select at Q8 H4, 4 rows per
     program: registers, LDL/STL, SASS instructions, REDUX count; the Gluon merge of the
-    one-launch kernel's split candidates at C = 64 and 512 candidates per row; then the
-    plain-Triton wide select at W = 128 (one warp per row) for comparison (SHFL count)."""
+    one-launch kernel's split candidates at C = 64 and 512 candidates per row; then, for
+    comparison, the plain-Triton wide select at W = 128 and merge of 10 splits x 4 candidates
+    (one warp per row; SHFL count)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -322,6 +323,14 @@ def redux_select_report(arch: int = 90) -> list[str]:
     lines.append(f"wide select sm_{arch} W 128 (1 warp): {st['registers']} registers, "
                  f"{st['instructions']} SASS instructions, "
                  f"{len(re.findall(r'SHFL', sass_text(wide)))} SHFL")
+    from nvfp4_indexer.triton.decode import _decode_merge_kernel
+    merge = _compile(_decode_merge_kernel, mtypes,
+                     dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=10, SPLITS_PAD=16, ROWS=1, KEEP=4,
+                          PDL=False), (), 1, 1, None, arch)
+    st = sass_stats(merge)
+    lines.append(f"triton merge sm_{arch} 10 x 4 (64 padded candidates, 1 warp): "
+                 f"{st['registers']} registers, {st['instructions']} SASS instructions, "
+                 f"{len(re.findall(r'SHFL', sass_text(merge)))} SHFL")
     return lines
 
 

@@ -35,9 +35,10 @@ Merge kernel: loads each row's ``NUM_SPLITS * KEEP`` candidates and writes the f
 output (15 rounds of max-and-remove, skipped when the row is short; slot 15 = L; padding rows
 by formula). On a CUDA GPU (SM80+, no ``pdl``) with at most ``REDUX_MERGE_MAX_CANDIDATES``
 candidates per row it is the Gluon ``redux_select.redux_merge_kernel`` (one row per warp,
-``decode_wgmma.SELECT_REDUX_ROWS`` rows per program, two warp reductions per round); else
-``_decode_merge_kernel``, grid ``(B, Q*H)``, one row per program (``heuristics.merge_config``;
-1-4 warps by the candidate count), which the interpreter runs. With ``NUM_SPLITS == 1`` the
+min(``decode_wgmma.SELECT_REDUX_ROWS``, next power of two >= Q*H) rows per program, two
+warp reductions per round); else ``_decode_merge_kernel``, grid ``(B, Q*H)``, one row per
+program (``heuristics.merge_config``; 1-4 warps by the candidate count), which the
+interpreter runs. With ``NUM_SPLITS == 1`` the
 score kernel writes the output itself and there is no merge launch and no candidate scratch.
 
 Nothing depends on host values of ``seq_lens`` / ``block_table``: the grid and all constexprs

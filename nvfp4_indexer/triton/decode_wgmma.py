@@ -30,9 +30,10 @@ Two launches per run:
      ``redux_select`` (Gluon): the row's scores in one warp's registers as int32 keys, each of
      the 15 rounds two warp reductions (``redux.sync``: the largest key, then the smallest
      page id holding it);
-   - else, for at most ``SELECT_WIDE_MAX_ROWS`` rows, ``_select_wide_kernel`` (plain Triton,
-     the interpreter too): the row's packed int64 candidates (``topk.pack_candidate``) in
-     registers on up to 8 warps, 15 ``tl.max`` rounds;
+   - else, for at most ``SELECT_WIDE_MAX_ROWS`` rows and W <= ``SELECT_WIDE_MAX_WIDTH``,
+     ``_select_wide_kernel`` (plain Triton, the interpreter too): the row's packed int64
+     candidates (``topk.pack_candidate``) in registers on up to 8 warps, 15 ``tl.max``
+     rounds;
    - else ``_select_kernel`` (plain Triton): one pass keeps the largest packed candidate of
      each residue class ``j % 16``; then 15 rounds each take the largest class maximum and
      replace it by the next candidate of that class (a reload of ~L/16 scores).
@@ -378,7 +379,7 @@ def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
 
     - with ``gluon`` (a GPU page-score path) and W <= ``SELECT_REDUX_MAX_WIDTH``: the Gluon
       ``redux_select`` kernel, K = next power of two >= W / 32 keys per lane, one row per warp,
-      ``SELECT_REDUX_ROWS`` warps per program;
+      min(``SELECT_REDUX_ROWS``, next power of two >= Q*H) warps (rows) per program;
     - else the wide select for at most ``SELECT_WIDE_MAX_ROWS`` rows and W <=
       ``SELECT_WIDE_MAX_WIDTH`` (``wide`` forces it on or off), its CHUNK = next power of two
       >= W on up to 8 warps (256 keys per warp);

@@ -97,7 +97,11 @@ def _store_rows(out_ptr, b, m, row_ok, slot, res, Q: gl.constexpr, H: gl.constex
              mask=gl.expand_dims(row_ok, 1) & (slot < 16))
 
 
-@gluon.jit
+# Like their plain-Triton twins, no launch specializes on pointer alignment or the width's
+# value: the runner's warm-up compiles what every real launch runs (CUDA-graph capture never
+# compiles), whatever the alignment of the caller's seq_lens / out views.
+@gluon.jit(do_not_specialize=["width"],
+           do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
 def redux_select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexpr,
                         H: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                         ROWS: gl.constexpr):
@@ -129,7 +133,8 @@ def redux_select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexp
     _store_rows(out_ptr, b, m, row_ok, slot, res, Q, H)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["width"],
+           do_not_specialize_on_alignment=["cand_ptr", "seq_lens_ptr", "out_ptr"])
 def redux_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: gl.constexpr,
                        H: gl.constexpr, BLOCK_M: gl.constexpr, C: gl.constexpr,
                        K: gl.constexpr, ROWS: gl.constexpr):
