@@ -270,20 +270,26 @@ def wgflat_report() -> list[str]:
     return lines
 
 
-def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
-    """The Gluon select kernel (``triton.redux_select``) for ``sm_<arch>``."""
+def _compile_gluon(fn, types: dict, consts: dict, num_warps: int, arch: int):
+    """A Gluon kernel for ``sm_<arch>`` with no value or alignment specialization."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-
-    from nvfp4_indexer.triton.redux_select import redux_select_kernel
-    types = dict(scores_ptr="*fp32", seq_lens_ptr="*i32", width="i32", out_ptr="*i32")
-    consts = dict(Q=q_len, H=heads, N=max(16, triton.next_power_of_2(q_len * heads)), K=k,
-                  ROWS=rows)
-    fn = redux_select_kernel
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs={}),
-                          target=GPUTarget("cuda", arch, 32), options={"num_warps": rows})
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+SELECT_TYPES = dict(scores_ptr="*fp32", seq_lens_ptr="*i32", width="i32", out_ptr="*i32")
+MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
+
+
+def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
+    """The Gluon select kernel (``triton.redux_select``) for ``sm_<arch>``."""
+    from nvfp4_indexer.triton.redux_select import redux_select_kernel
+    n = max(16, 1 << (q_len * heads - 1).bit_length())
+    return _compile_gluon(redux_select_kernel, SELECT_TYPES,
+                          dict(Q=q_len, H=heads, N=n, K=k, ROWS=rows), rows, arch)
 
 
 def redux_select_report(arch: int = 90) -> list[str]:
@@ -292,14 +298,10 @@ def redux_select_report(arch: int = 90) -> list[str]:
     one-launch kernel's split candidates at C = 64 and 512 candidates per row; then, for
     comparison, the plain-Triton wide select at W = 128 and merge of 10 splits x 4 candidates
     (one warp per row; SHFL count)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    lines = []
+    from nvfp4_indexer.triton.decode import _decode_merge_kernel
     from nvfp4_indexer.triton.decode_wgmma import _select_wide_kernel
-    types = dict(scores_ptr="*fp32", seq_lens_ptr="*i32", width="i32", out_ptr="*i32")
-    wide = _compile(_select_wide_kernel, types, dict(Q=8, H=4, N=32, CHUNK=128), (), 1, 1,
-                    None, arch)
+    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
+    lines = []
     for k in (1, 4, 8, 16, 32):
         ker = compile_redux_select(k=k, arch=arch)
         st = sass_stats(ker)
@@ -307,24 +309,21 @@ def redux_select_report(arch: int = 90) -> list[str]:
         lines.append(f"redux_select sm_{arch} K {k:2d}: {st['registers']} registers, "
                      f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
                      f"{redux} REDUX")
-    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
-    mtypes = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
     for c in (64, 512):
-        consts = dict(Q=8, H=4, BLOCK_M=32, C=c, K=max(1, c // 32), ROWS=4)
-        sig = {n: "constexpr" if n in consts else mtypes[n] for n in redux_merge_kernel.arg_names}
-        ker = triton.compile(GluonASTSource(redux_merge_kernel, sig, constexprs=consts, attrs={}),
-                             target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+        ker = _compile_gluon(redux_merge_kernel, MERGE_TYPES,
+                             dict(Q=8, H=4, BLOCK_M=32, C=c, K=c // 32, ROWS=4), 4, arch)
         st = sass_stats(ker)
         redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))
         lines.append(f"redux_merge sm_{arch} C {c:3d}: {st['registers']} registers, "
                      f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
                      f"{redux} REDUX")
+    wide = _compile(_select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
+                    1, None, arch)
     st = sass_stats(wide)
     lines.append(f"wide select sm_{arch} W 128 (1 warp): {st['registers']} registers, "
                  f"{st['instructions']} SASS instructions, "
                  f"{len(re.findall(r'SHFL', sass_text(wide)))} SHFL")
-    from nvfp4_indexer.triton.decode import _decode_merge_kernel
-    merge = _compile(_decode_merge_kernel, mtypes,
+    merge = _compile(_decode_merge_kernel, MERGE_TYPES,
                      dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=10, SPLITS_PAD=16, ROWS=1, KEEP=4,
                           PDL=False), (), 1, 1, None, arch)
     st = sass_stats(merge)

@@ -289,7 +289,7 @@ def test_gpu_redux_merge_matches_triton_merge(splits, keep, q_len, heads):
         pytest.skip("needs SM80+ (redux.sync)")
     from nvfp4_indexer.reference.candidates import pack_candidates
     from nvfp4_indexer.triton.decode import _decode_merge_kernel
-    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
+    from nvfp4_indexer.triton.redux_select import launch_shape, redux_merge_kernel
     c = splits * keep
     rows, b = max(16, triton.next_power_of_2(q_len * heads)), 6
     width = max(c, 40)
@@ -310,10 +310,9 @@ def test_gpu_redux_merge_matches_triton_merge(splits, keep, q_len, heads):
         big, out = poisoned_out(b * q_len, heads)
         args = (cand.to(DEV), seq_lens.to(DEV), out, width)
         if gluon:
-            r = min(4, triton.next_power_of_2(q_len * heads))
+            k, r = launch_shape(c, q_len * heads)
             redux_merge_kernel[(b, triton.cdiv(q_len * heads, r))](
-                *args, Q=q_len, H=heads, BLOCK_M=rows, C=c,
-                K=triton.next_power_of_2(triton.cdiv(c, 32)), ROWS=r, num_warps=r)
+                *args, Q=q_len, H=heads, BLOCK_M=rows, C=c, K=k, ROWS=r, num_warps=r)
         else:
             _decode_merge_kernel[(b, q_len * heads)](
                 *args, Q=q_len, H=heads, BLOCK_M=rows, NUM_SPLITS=splits,
@@ -776,6 +775,15 @@ for arch in (90, 100):
     for line in redux_select_report(arch):
         print(line)
 '''
+
+
+def test_redux_launch_shape():
+    """Keys per lane and rows per program of the Gluon select / merge: K = next power of two
+    >= n / 32, rows = min(4, next power of two >= Q*H)."""
+    from nvfp4_indexer.triton.redux_select import launch_shape
+    assert launch_shape(20, 1) == (1, 1) and launch_shape(33, 2) == (2, 2)
+    assert launch_shape(128, 32) == (4, 4) and launch_shape(129, 6) == (8, 4)
+    assert launch_shape(512, 64) == (16, 4) and launch_shape(249, 3) == (8, 4)
 
 
 def test_redux_select_compiles_offline():

@@ -94,7 +94,6 @@ VARIANTS = {
     "mma rxr8": {"dequant": "mma", "_redux_rows": 8},
     "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0},
     "ptx oldmerge": {"dequant": "ptx", "_redux_merge": 0},  # the Triton merge kernel
-    "ptx rm4096": {"dequant": "ptx", "_redux_merge": 4096},
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
     "pps8": {"programs_per_sm": 8},
@@ -103,7 +102,7 @@ VARIANTS = {
     "ns250": {"num_splits": 250},
 }
 SELECT_KNOBS = {"_redux_width": ("decode_wgmma", "SELECT_REDUX_MAX_WIDTH"),
-                "_redux_rows": ("decode_wgmma", "SELECT_REDUX_ROWS"),
+                "_redux_rows": ("redux_select", "ROWS_PER_PROGRAM"),
                 "_wide_rows": ("decode_wgmma", "SELECT_WIDE_MAX_ROWS"),
                 "_redux_merge": ("decode", "REDUX_MERGE_MAX_CANDIDATES")}
 QUICK_VARIANTS = ("base", "ptx", "wg", "pps8")
@@ -123,9 +122,10 @@ def make_runner(b, width, dev, kw):
     lab = kw.pop("_lab", 0)
     narrow = kw.pop("_narrow_select", False)
     wgf = (kw.pop("_wgf_stages", None), kw.pop("_wgf_async", None))
-    # select rule knobs: decode_wgmma module constants while the runner is built
+    # select / merge rule knobs: module constants while the runner is built
     from nvfp4_indexer.triton import decode as decode_mod
-    mods = {"decode_wgmma": decode_wgmma, "decode": decode_mod}
+    from nvfp4_indexer.triton import redux_select
+    mods = {"decode_wgmma": decode_wgmma, "decode": decode_mod, "redux_select": redux_select}
     sel = {SELECT_KNOBS[knob]: kw.pop(knob) for knob in list(kw) if knob in SELECT_KNOBS}
     if narrow:
         sel[("decode_wgmma", "SELECT_WIDE_MAX_ROWS")] = 0

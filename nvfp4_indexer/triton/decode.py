@@ -35,11 +35,11 @@ Merge kernel: loads each row's ``NUM_SPLITS * KEEP`` candidates and writes the f
 output (15 rounds of max-and-remove, skipped when the row is short; slot 15 = L; padding rows
 by formula). On a CUDA GPU (SM80+, no ``pdl``) with at most ``REDUX_MERGE_MAX_CANDIDATES``
 candidates per row it is the Gluon ``redux_select.redux_merge_kernel`` (one row per warp,
-min(``decode_wgmma.SELECT_REDUX_ROWS``, next power of two >= Q*H) rows per program, two
-warp reductions per round); else ``_decode_merge_kernel``, grid ``(B, Q*H)``, one row per
-program (``heuristics.merge_config``; 1-4 warps by the candidate count), which the
-interpreter runs. With ``NUM_SPLITS == 1`` the
-score kernel writes the output itself and there is no merge launch and no candidate scratch.
+``redux_select.launch_shape`` rows per program, two warp reductions per round); else
+``_decode_merge_kernel``, grid ``(B, Q*H)``, one row per program
+(``heuristics.merge_config``; 1-4 warps by the candidate count), which the interpreter runs.
+With ``NUM_SPLITS == 1`` the score kernel writes the output itself and there is no merge
+launch and no candidate scratch.
 
 Nothing depends on host values of ``seq_lens`` / ``block_table``: the grid and all constexprs
 are a function of (B, W, Q, H, SM count), every program writes all of its outputs every run
@@ -332,13 +332,12 @@ class DecodeRunner:
                 and not portable_default(self.device) \
                 and torch.cuda.get_device_capability(self.device) >= (8, 0):
             # the Gluon merge (``redux_select.redux_merge_kernel``): one row per warp
-            from .redux_select import redux_merge_kernel
-            self.merge_rows = self.merge_warps = min(decode_wgmma.SELECT_REDUX_ROWS,
-                                                     hz.next_pow2(q * h))
+            from .redux_select import launch_shape, redux_merge_kernel
+            k, self.merge_rows = launch_shape(cands, q * h)
+            self.merge_warps = self.merge_rows
             self._merge = CachedLaunch(
-                redux_merge_kernel, Q=q, H=h, BLOCK_M=self.block_m, C=cands,
-                K=hz.next_pow2(triton.cdiv(cands, 32)), ROWS=self.merge_rows,
-                num_warps=self.merge_warps)
+                redux_merge_kernel, Q=q, H=h, BLOCK_M=self.block_m, C=cands, K=k,
+                ROWS=self.merge_rows, num_warps=self.merge_warps)
             return
         self._merge = CachedLaunch(
             _decode_merge_kernel, Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,

@@ -85,7 +85,6 @@ SELECT_WIDE_MAX_WIDTH = 8192
 # the Gluon select (``redux_select``: a row's keys in one warp's registers, two warp
 # reductions per round) on the GPU page-score paths for block tables up to this width
 SELECT_REDUX_MAX_WIDTH = 512
-SELECT_REDUX_ROWS = 4  # rows (warps) per program of the Gluon select
 
 
 def phys_dim(c: int) -> int:
@@ -379,16 +378,15 @@ def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
 
     - with ``gluon`` (a GPU page-score path) and W <= ``SELECT_REDUX_MAX_WIDTH``: the Gluon
       ``redux_select`` kernel, K = next power of two >= W / 32 keys per lane, one row per warp,
-      min(``SELECT_REDUX_ROWS``, next power of two >= Q*H) warps (rows) per program;
+      ``redux_select.launch_shape`` rows (warps) per program;
     - else the wide select for at most ``SELECT_WIDE_MAX_ROWS`` rows and W <=
       ``SELECT_WIDE_MAX_WIDTH`` (``wide`` forces it on or off), its CHUNK = next power of two
       >= W on up to 8 warps (256 keys per warp);
     - else the residue-class select on one warp per row.
     ``wide`` True / False also turns the Gluon kernel off (tests, labs)."""
     if gluon and wide is None and width <= SELECT_REDUX_MAX_WIDTH:
-        from .redux_select import redux_select_kernel
-        k = triton.next_power_of_2(triton.cdiv(width, 32))
-        rows = min(SELECT_REDUX_ROWS, triton.next_power_of_2(query_len * num_heads))
+        from .redux_select import launch_shape, redux_select_kernel
+        k, rows = launch_shape(width, query_len * num_heads)
         return redux_select_kernel, dict(K=k, ROWS=rows), rows, rows
     if wide is None:
         wide = (num_reqs * query_len * num_heads <= SELECT_WIDE_MAX_ROWS

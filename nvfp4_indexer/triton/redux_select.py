@@ -42,6 +42,19 @@ from triton.experimental.gluon import language as gl
 
 from .layout import HISTORY, PAGE
 
+ROWS_PER_PROGRAM = 4  # rows (warps) per program of both kernels, at most the next pow2 >= Q*H
+
+
+def launch_shape(num_keys: int, rows: int) -> tuple[int, int]:
+    """``(K, ROWS)`` of a launch over rows of at most ``num_keys`` keys each (a block-table
+    width or a candidate count), ``rows`` = Q*H rows per request: K = next power of two >=
+    num_keys / 32 keys per lane, ROWS = min(``ROWS_PER_PROGRAM``, next power of two >= rows)
+    rows per program (the grid is ``(B, cdiv(rows, ROWS))``, ``num_warps`` = ROWS)."""
+    def next_pow2(n: int) -> int:
+        return 1 << max(0, n - 1).bit_length()
+    return next_pow2(-(-num_keys // 32)), min(ROWS_PER_PROGRAM, next_pow2(rows))
+
+
 _INT32_MIN = gl.constexpr(-(2 ** 31))
 _NAN_KEY = gl.constexpr(-(2 ** 31) + 1)  # NaN pages: below every number, above "no page"
 _NO_ID = gl.constexpr(2 ** 31 - 1)
