@@ -295,7 +295,8 @@ def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
 def redux_select_report(arch: int = 90) -> list[str]:
     """One line per K (keys per lane: W <= 32 K) of the Gluon select at Q8 H4, 4 rows per
     program: registers, LDL/STL, SASS instructions, REDUX count; the Gluon merge of the
-    one-launch kernel's split candidates at C = 64 and 512 candidates per row; then, for
+    one-launch kernel's split candidates at C = 64 and 512 candidates per row; the split
+    select at K 8 / S 4 (W <= 1024) and K 16 / S 8 (W <= 4096); then, for
     comparison, the plain-Triton wide select at W = 128 and merge of 10 splits x 4 candidates
     (one warp per row; SHFL count)."""
     from nvfp4_indexer.triton.decode import _decode_merge_kernel
@@ -317,6 +318,15 @@ def redux_select_report(arch: int = 90) -> list[str]:
         lines.append(f"redux_merge sm_{arch} C {c:3d}: {st['registers']} registers, "
                      f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
                      f"{redux} REDUX")
+    from nvfp4_indexer.triton.redux_select import redux_select_split_kernel
+    for k, s in ((8, 4), (16, 8)):  # W <= 1024, W <= 4096
+        ker = _compile_gluon(redux_select_split_kernel, SELECT_TYPES,
+                             dict(Q=8, H=4, N=32, K=k, S=s, ROWS=1), s, arch)
+        st = sass_stats(ker)
+        redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))
+        lines.append(f"redux_select_split sm_{arch} K {k:2d} S {s}: {st['registers']} "
+                     f"registers, {st['spill_ops']} LDL/STL, {st['instructions']} SASS "
+                     f"instructions, {redux} REDUX")
     wide = _compile(_select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
                     1, None, arch)
     st = sass_stats(wide)

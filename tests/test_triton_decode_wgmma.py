@@ -239,19 +239,23 @@ KINDS = ({"gluon": True}, {"wide": True})  # the redux test's two select kernels
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("q_len,heads", [(2, 4), (1, 1), (3, 2), (2, 1), (8, 8)])
-@pytest.mark.parametrize("width", [20, 33, 40, 100, 256, 500, 1000])
-def test_gpu_redux_select_matches_wide_select(width, q_len, heads, monkeypatch):
+@pytest.mark.parametrize("width", [20, 33, 40, 100, 256, 500, 1000, 2100])
+@pytest.mark.parametrize("split", [False, True])
+def test_gpu_redux_select_matches_wide_select(width, q_len, heads, split, monkeypatch):
     """The Gluon select (``redux_select``, K = 1..32 keys per lane, rows per program 1 / 2 /
-    4 with masked rows when Q*H is not a multiple, programs whose rows mix L = 15 and 16)
-    writes exactly what the plain-Triton wide
+    4 with masked rows when Q*H is not a multiple, programs whose rows mix L = 15 and 16) and
+    its split form (``split``: S = 4 / 8 warps per row, slices whose lists are partly or
+    wholly padding) write exactly what the plain-Triton wide
     select and the reference write: ties, NaN of both signs, +-0.0, +-inf, subnormals, a
     NaN-only row, L = 16 / 17, a program mixing L = 15 and 16 rows, short and padding rows;
     nothing outside ``out``."""
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("needs SM80+ (redux.sync)")
-    monkeypatch.setattr(WG, "SELECT_REDUX_MAX_WIDTH", 1024)
+    if not split and width > 1024:
+        pytest.skip("one warp per row: W <= 1024 (32 keys per lane)")
+    monkeypatch.setattr(WG, "SELECT_REDUX_MAX_WIDTH", 0 if split else 1024)
     kernel = WG.select_launch(7, width, q_len, heads, gluon=True)[0]
-    assert kernel.__name__ == "redux_select_kernel"
+    assert kernel.__name__ == ("redux_select_split_kernel" if split else "redux_select_kernel")
     rows, b = max(16, triton.next_power_of_2(q_len * heads)), 7
     scores = _select_scores(width, seed=width)
     scores = scores.repeat(1, (rows + 15) // 16, 1)[:, :rows]
@@ -779,23 +783,55 @@ for arch in (90, 100):
 
 def test_redux_launch_shape():
     """Keys per lane and rows per program of the Gluon select / merge: K = next power of two
-    >= n / 32, rows = min(4, next power of two >= Q*H)."""
-    from nvfp4_indexer.triton.redux_select import launch_shape
+    >= n / 32, rows = min(4, next power of two >= Q*H); the split select: S = 4 warps per row
+    up to 1024 keys (8 per lane), else 8, K = next power of two >= n / (32 S)."""
+    from nvfp4_indexer.triton.redux_select import launch_shape, split_shape
     assert launch_shape(20, 1) == (1, 1) and launch_shape(33, 2) == (2, 2)
     assert launch_shape(128, 32) == (4, 4) and launch_shape(129, 6) == (8, 4)
     assert launch_shape(512, 64) == (16, 4) and launch_shape(249, 3) == (8, 4)
+    assert split_shape(20) == (1, 4) and split_shape(600) == (8, 4)
+    assert split_shape(1024) == (8, 4) and split_shape(1025) == (8, 8)
+    assert split_shape(1563) == (8, 8) and split_shape(2100) == (16, 8)
+    assert split_shape(8192) == (32, 8)
+    assert split_shape(2048, 16) == (16, 4) and split_shape(2049, 16) == (16, 8)
+
+
+def test_select_launch_rule():
+    """Which select kernel a launch gets: on the Gluon paths the one-warp redux select up to
+    ``SELECT_REDUX_MAX_WIDTH``, its split form above that for at most
+    ``SELECT_WIDE_MAX_ROWS`` rows (S warps, one row per program) up to
+    ``SELECT_SPLIT_MAX_WIDTH``, else the Triton selects (wide for few rows, residue-class for
+    many); off the Gluon paths (the interpreter, "lut") never a Gluon kernel."""
+    def pick(b, w, q=8, h=4, gluon=True):
+        kernel, consts, warps, per_prog = WG.select_launch(b, w, q, h, gluon=gluon)
+        return kernel.__name__, consts, warps, per_prog
+    assert pick(128, 512)[0] == "redux_select_kernel"
+    assert pick(16, 513) == ("redux_select_split_kernel", dict(K=8, S=4, ROWS=1), 4, 1)
+    assert pick(8, 1563) == ("redux_select_split_kernel", dict(K=16, S=4, ROWS=1), 4, 1)
+    assert pick(16, 2049) == ("redux_select_split_kernel", dict(K=16, S=8, ROWS=1), 8, 1)
+    assert pick(16, 8192)[1] == dict(K=32, S=8, ROWS=1)
+    assert pick(16, 8193)[0] == "_select_kernel"  # past the split's (and wide's) width
+    assert pick(17, 1000)[0] == "_select_kernel"  # 544 rows: the residue-class select
+    assert pick(128, 1000, 1, 4)[0] == "redux_select_split_kernel"  # Q1 H4: 512 rows
+    for w in (100, 1000):
+        assert pick(8, w, gluon=False)[0] == "_select_wide_kernel"
 
 
 def test_redux_select_compiles_offline():
     """The Gluon select compiles for sm_90a and sm_100a (no GPU) at K = 1, 4, 8, 16, 32 keys
-    per lane, and the Gluon merge at 64 / 512 candidates per row: two warp reductions per round
-    (30 REDUX), no spill; the select at K = 4 takes fewer instructions than the
+    per lane, the Gluon merge at 64 / 512 candidates per row and the split select at K 8 / S
+    4 and K 16 / S 8: two warp reductions per round (30 REDUX; the split select 60: its two
+    sets of rounds), no spill; the select at K = 4 takes fewer instructions than the
     plain-Triton wide select at W = 128 (K = 4: 512 against 992 on sm_90a at Triton 3.6)."""
     lines = _offline(_REDUX_COMPILE)
-    assert len(lines) == 18, lines
+    assert len(lines) == 22, lines
     for arch in range(2):
-        red, wide = lines[9 * arch:9 * arch + 7], lines[9 * arch + 7]
+        red, split = lines[11 * arch:11 * arch + 7], lines[11 * arch + 7:11 * arch + 9]
+        wide = lines[11 * arch + 9]
         for ln in red:  # 5 select widths, then the merge at 64 / 512 candidates
             assert " 0 LDL/STL, " in ln and ln.endswith(" 30 REDUX"), ln
+        for ln in split:
+            assert "redux_select_split" in ln and " 0 LDL/STL, " in ln \
+                and ln.endswith(" 60 REDUX"), ln
         count = lambda ln: int(ln.split(" SASS instructions")[0].split()[-1])  # noqa: E731
         assert count(red[1]) < count(wide), (red[1], wide)

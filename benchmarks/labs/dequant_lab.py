@@ -85,14 +85,21 @@ VARIANTS = {
     "wgf lab2": {"dequant": "wgflat", "_lab": 2},  # no lookup (wrong scores)
     "wgf lab3": {"dequant": "wgflat", "_lab": 3},  # no MMA (wrong scores)
     # the select kernel (``decode_wgmma.select_launch``): the Gluon redux select up to a
-    # width, its rows per program, the int64 wide select for any row count
-    "mma oldsel": {"dequant": "mma", "_redux_width": 0},
-    "mma widesel": {"dequant": "mma", "_redux_width": 0, "_wide_rows": 1 << 30},
+    # width (0: the split form from W 1, "oldsel" also without it: the Triton selects), its
+    # rows per program, the int64 wide select for any row count
+    "mma oldsel": {"dequant": "mma", "_redux_width": 0, "_split_width": 0},
+    "mma widesel": {"dequant": "mma", "_redux_width": 0, "_split_width": 0,
+                    "_wide_rows": 1 << 30},
     "mma rx512": {"dequant": "mma", "_redux_width": 512},
     "mma rx1024": {"dequant": "mma", "_redux_width": 1024},
     "mma rxr1": {"dequant": "mma", "_redux_rows": 1},
     "mma rxr8": {"dequant": "mma", "_redux_rows": 8},
-    "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0},
+    "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0, "_split_width": 0},
+    # the split redux select (S warps per row) for W > 512 on the default path: off (the
+    # Triton selects), with 8 keys per lane (S = 4 up to W 1024, then 8), for any row count
+    "nosplit": {"_split_width": 0},
+    "split8": {"_split_keys": 8},
+    "splitall": {"_wide_rows": 1 << 30},
     "ptx oldmerge": {"dequant": "ptx", "_redux_merge": 0},  # the Triton merge kernel
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
@@ -104,6 +111,8 @@ VARIANTS = {
 SELECT_KNOBS = {"_redux_width": ("decode_wgmma", "SELECT_REDUX_MAX_WIDTH"),
                 "_redux_rows": ("redux_select", "ROWS_PER_PROGRAM"),
                 "_wide_rows": ("decode_wgmma", "SELECT_WIDE_MAX_ROWS"),
+                "_split_width": ("decode_wgmma", "SELECT_SPLIT_MAX_WIDTH"),
+                "_split_keys": ("decode_wgmma", "SELECT_SPLIT_KEYS"),
                 "_redux_merge": ("decode", "REDUX_MERGE_MAX_CANDIDATES")}
 QUICK_VARIANTS = ("base", "ptx", "wg", "pps8")
 SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not checked

@@ -17,7 +17,12 @@ replays over rotated slots, cold pages from one pool far larger than L2) and rat
   memcpy node).
 - insert (16 384 tokens): the fused insert at several tokens per program; "sol": per token the
   same loads (keys, position -> cos/sin row, slot) and the same 72 bytes stored, without the
-  norm / RoPE / quantize work ("loads"), or only the slot load and the stores ("stores").
+  norm / RoPE / quantize work ("loads"), with only the keys ("keys") or only the cos/sin rows
+  ("cos/sin"), only the slot load and the stores ("stores"), or nothing ("empty": the
+  launch). "seqpos": each slot's positions one contiguous run, as in a prefill chunk (the
+  suite draws them at random). "sol persistent": the "loads" (or "keys") variant on a grid of
+  a few programs per SM, each looping over token blocks with the next block's loads in
+  flight (no launch per block, no position -> cos/sin round trip in the loop).
 """
 
 from __future__ import annotations
@@ -76,29 +81,72 @@ def _flat_copy_kernel(src, dst, PARTS: tl.constexpr):
 @triton.jit
 def _insert_sol_kernel(x_ptr, pos_ptr, cs_ptr, cache_ptr, slot_ptr, n, page_stride,
                        BT: tl.constexpr, LOADS: tl.constexpr):
-    """Per token the insert's loads (LOADS: bf16 keys ``[n, 128]``, position -> bf16 cos/sin
-    row ``[., 64]``; always the slot) and its 72 stored bytes, no per-value work."""
+    """Per token some of the insert's loads and its 72 stored bytes, no per-value work.
+    LOADS: 1 = bf16 keys ``[n, 128]`` and position -> bf16 cos/sin row ``[., 64]``; 2 = keys
+    only; 3 = position -> cos/sin only; 0 = none; always the slot and the stores; -1 = an
+    empty program (the launch alone)."""
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     ok = t < n
     v = t * 0
-    if LOADS:
+    if LOADS == 1 or LOADS == 2:
         x = tl.load(x_ptr + t[:, None].to(tl.int64) * 128 + tl.arange(0, 128)[None, :],
                     mask=ok[:, None], other=0.0).to(tl.float32)
+        v += tl.sum(x, 1).to(tl.int32, bitcast=True)
+    if LOADS == 1 or LOADS == 3:
         pos = tl.load(pos_ptr + t, mask=ok, other=0)
         cs = tl.load(cs_ptr + pos[:, None] * 64 + tl.arange(0, 64)[None, :], mask=ok[:, None],
                      other=0.0).to(tl.float32)
-        v = (tl.sum(x, 1) + tl.sum(cs, 1)).to(tl.int32, bitcast=True)
+        v += tl.sum(cs, 1).to(tl.int32, bitcast=True)
+    if LOADS >= 0:
+        slot = tl.load(slot_ptr + t, mask=ok, other=-1).to(tl.int64)
+        good = ok & (slot >= 0)
+        slot = tl.where(good, slot, 0)
+        page = (slot // 128) * page_stride
+        off = slot % 128
+        c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
+        tl.store(cache_ptr + (page + off * 64)[:, None] + tl.arange(0, 64)[None, :], c,
+                 mask=good[:, None])
+        sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
+        tl.store(cache_ptr + (page + 8192 + off * 8)[:, None] + tl.arange(0, 8)[None, :], sc,
+                 mask=good[:, None])
+
+
+@triton.jit
+def _insert_sol_persistent_kernel(x_ptr, pos_ptr, cs_ptr, cache_ptr, slot_ptr, n, page_stride,
+                                  iters, BT: tl.constexpr, KEYS_ONLY: tl.constexpr):
+    """``_insert_sol_kernel``'s loads and stores (LOADS 1, or 2 with KEYS_ONLY) on a
+    persistent grid: program p takes token blocks p, p + P, ... (``iters`` of them), with the
+    next block's keys, position and slot loaded before the current block's cos/sin row, sum
+    and stores (the position is a block ahead: no dependent round trip in the loop)."""
+    nprog = tl.num_programs(0)
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    d = tl.arange(0, 128)[None, :]
+    ok = t < n
+    x = tl.load(x_ptr + t[:, None].to(tl.int64) * 128 + d, mask=ok[:, None], other=0.0)
+    pos = tl.load(pos_ptr + t, mask=ok, other=0)
     slot = tl.load(slot_ptr + t, mask=ok, other=-1).to(tl.int64)
-    good = ok & (slot >= 0)
-    slot = tl.where(good, slot, 0)
-    page = (slot // 128) * page_stride
-    off = slot % 128
-    c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
-    tl.store(cache_ptr + (page + off * 64)[:, None] + tl.arange(0, 64)[None, :], c,
-             mask=good[:, None])
-    sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
-    tl.store(cache_ptr + (page + 8192 + off * 8)[:, None] + tl.arange(0, 8)[None, :], sc,
-             mask=good[:, None])
+    for _ in range(iters):
+        tn = t + nprog * BT
+        okn = tn < n
+        xn = tl.load(x_ptr + tn[:, None].to(tl.int64) * 128 + d, mask=okn[:, None], other=0.0)
+        posn = tl.load(pos_ptr + tn, mask=okn, other=0)
+        slotn = tl.load(slot_ptr + tn, mask=okn, other=-1).to(tl.int64)
+        v = tl.sum(x.to(tl.float32), 1).to(tl.int32, bitcast=True)
+        if not KEYS_ONLY:
+            cs = tl.load(cs_ptr + pos[:, None] * 64 + tl.arange(0, 64)[None, :],
+                         mask=ok[:, None], other=0.0).to(tl.float32)
+            v += tl.sum(cs, 1).to(tl.int32, bitcast=True)
+        good = ok & (slot >= 0)
+        sl = tl.where(good, slot, 0)
+        page = (sl // 128) * page_stride
+        off = sl % 128
+        c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
+        tl.store(cache_ptr + (page + off * 64)[:, None] + tl.arange(0, 64)[None, :], c,
+                 mask=good[:, None])
+        sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
+        tl.store(cache_ptr + (page + 8192 + off * 8)[:, None] + tl.arange(0, 8)[None, :], sc,
+                 mask=good[:, None])
+        t, ok, x, pos, slot = tn, okn, xn, posn, slotn
 
 
 GATHER_CASES = [(1_024, 32_768, 4), (4_096, 131_072, 1), (16_384, 32_768, 4),
@@ -175,22 +223,49 @@ def insert_part(ctx) -> None:
         kl._record("insert", case.name, name, t.us, gbps, "GB/s", "-",
                    f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
 
-    for bt in (4, 8, 16):
-        cfg = InsertConfig(block_t=bt)
-        kl._attempt(ctx, f"insert bt{bt}", lambda bt=bt, cfg=cfg: rec(
-            f"insert bt{bt}", [functools.partial(ti.insert_index_k, pool.cache, *x, weight,
-                                                 cos_sin, case.rotary_dim, 1e-6, config=cfg)
-                               for x in inputs]))
-    for bt, nw in ((4, 1), (16, 1), (32, 1), (64, 2)):
-        for loads in (True, False):
-            def f(x, bt=bt, nw=nw, loads=loads):
-                k, pos, slot = x
-                _insert_sol_kernel[(triton.cdiv(n, bt),)](
-                    k, pos, cos_sin, pool.cache, slot, n, pool.cache.stride(0), BT=bt,
-                    LOADS=loads, num_warps=nw)
-            name = f"sol bt{bt} w{nw} {'loads' if loads else 'stores'}"
-            kl._attempt(ctx, name, lambda name=name, f=f: rec(
-                name, [functools.partial(f, x) for x in inputs]))
+    # the same keys and slots with each slot's positions one contiguous run (a prefill chunk)
+    gen = torch.Generator().manual_seed(ctx.seed + 29)
+    seq_inputs = [(k, (torch.randint(0, case.max_position - n, (1,), generator=gen)
+                       + torch.arange(n)).to(pos.device, pos.dtype), slot)
+                  for k, pos, slot in inputs]
+    for bt, nw in ((4, None), (8, None), (16, None), (32, None), (16, 1)):
+        cfg = InsertConfig(block_t=bt, num_warps=nw)
+        for label, xs in (("", inputs), (" seqpos", seq_inputs)):
+            name = f"insert bt{bt}" + (f" w{nw}" if nw else "") + label
+            kl._attempt(ctx, name, lambda name=name, cfg=cfg, xs=xs: rec(
+                name, [functools.partial(ti.insert_index_k, pool.cache, *x, weight,
+                                         cos_sin, case.rotary_dim, 1e-6, config=cfg)
+                       for x in xs]))
+    modes = {1: "loads", 2: "keys", 3: "cos/sin", 0: "stores", -1: "empty"}
+    for bt, nw in ((4, 1), (16, 1), (32, 1), (64, 2), (64, 4)):
+        for mode, what in modes.items():
+            for label, xs in (("", inputs), (" seqpos", seq_inputs)):
+                if label and mode not in (1, 3):
+                    continue
+
+                def f(x, bt=bt, nw=nw, mode=mode):
+                    k, pos, slot = x
+                    _insert_sol_kernel[(triton.cdiv(n, bt),)](
+                        k, pos, cos_sin, pool.cache, slot, n, pool.cache.stride(0), BT=bt,
+                        LOADS=mode, num_warps=nw)
+                name = f"sol bt{bt} w{nw} {what}{label}"
+                kl._attempt(ctx, name, lambda name=name, f=f, xs=xs: rec(
+                    name, [functools.partial(f, x) for x in xs]))
+    # one warp per program: Triton 3.6 fails to compile this loop at 2 and 4 warps
+    # ("PassManager::run failed", results/sol-lab-insert-h200-2026-12-02.txt)
+    for bt, nw in ((16, 1), (32, 1)):
+        for iters in (2, 4, 8):  # token blocks per program: grid = blocks / iters
+            grid = triton.cdiv(triton.cdiv(n, bt), iters)
+            for keys_only in (False, True):
+                def f(x, bt=bt, nw=nw, grid=grid, iters=iters, keys_only=keys_only):
+                    k, pos, slot = x
+                    _insert_sol_persistent_kernel[(grid,)](
+                        k, pos, cos_sin, pool.cache, slot, n, pool.cache.stride(0), iters,
+                        BT=bt, KEYS_ONLY=keys_only, num_warps=nw)
+                name = (f"sol persistent bt{bt} w{nw} x{iters} ({grid} programs) "
+                        f"{'keys' if keys_only else 'loads'}")
+                kl._attempt(ctx, name, lambda name=name, f=f: rec(
+                    name, [functools.partial(f, x) for x in inputs]))
 
 
 def main(argv=None) -> int:

@@ -3,6 +3,8 @@ registers, 15 rounds of two warp reductions (``redux.sync``).
 
 - ``redux_select_kernel``: the select of the page-score decode paths (``decode_wgmma``), from
   fp32 page scores.
+- ``redux_select_split_kernel``: the same select for wide rows on S warps per row (its
+  docstring).
 - ``redux_merge_kernel``: the merge of the one-launch decode kernel's split candidates
   (``decode.DecodeRunner``), from packed int64 candidates (its docstring).
 
@@ -53,6 +55,15 @@ def launch_shape(num_keys: int, rows: int) -> tuple[int, int]:
     def next_pow2(n: int) -> int:
         return 1 << max(0, n - 1).bit_length()
     return next_pow2(-(-num_keys // 32)), min(ROWS_PER_PROGRAM, next_pow2(rows))
+
+
+def split_shape(num_keys: int, keys_per_lane: int = 8) -> tuple[int, int]:
+    """``(K, S)`` of a ``redux_select_split_kernel`` launch over rows of at most ``num_keys``
+    keys: S = 4 warps per row while 4 * 32 * ``keys_per_lane`` keys fit, else 8; K = next
+    power of two >= num_keys / (32 S) keys per lane (at least 1)."""
+    s = 4 if num_keys <= 4 * 32 * keys_per_lane else 8
+    k = -(-num_keys // (32 * s))
+    return 1 << max(0, k - 1).bit_length(), s
 
 
 _INT32_MIN = gl.constexpr(-(2 ** 31))
@@ -180,6 +191,88 @@ def redux_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: gl.constexpr,
             hi = gl.where(taken, _INT32_MIN, hi)
             lo = gl.where(taken, _INT32_MIN, lo)
             res = gl.where(slot == k, best_lo ^ 0x7FFFFFFF, res)  # id = ~(low word)
+        res = gl.where(slot == HISTORY, loc2, gl.where(loc2 > HISTORY, res,
+                                                       gl.where(slot <= loc2, slot, -1)))
+    _store_rows(out_ptr, b, m, row_ok, slot, res, Q, H)
+
+
+@gluon.jit(do_not_specialize=["width"],
+           do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
+def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexpr,
+                              H: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                              S: gl.constexpr, ROWS: gl.constexpr):
+    """``redux_select_kernel``'s output for wide rows (W <= 32 * K * S) on S warps per row:
+    warp s of a row runs the 15 rounds on its pages j = s * 32K + lane * K + k, keeping its
+    slice's best 15 (key, page id) in lanes 0..14 (INT32_MIN elsewhere); the lists go through
+    shared memory, then every warp of the row runs the 15 rounds on the row's S * 32 entries
+    (S per lane) and the row's first warp stores. Exact: the row's best 15 by (key desc, id
+    asc) are among the slices' best 15, a slice's list is in that order, and the slices'
+    pages are disjoint; a row with L >= 16 has at least 15 live entries in all (a slice with
+    fewer live pages pads its list with INT32_MIN keys, never chosen). Program (b, y): rows
+    y*ROWS .. of request b, ``num_warps`` = ROWS * S."""
+    P1: gl.constexpr = gl.BlockedLayout([1, 1, 1, K], [1, 1, 32, 1], [ROWS, S, 1, 1],
+                                        [3, 2, 1, 0])
+    R1: gl.constexpr = gl.SliceLayout(3, P1)  # [ROWS, S, 32]: one entry per thread
+    # [ROWS, S, 32] with a lane's S entries in its registers, copied in each warp of the row
+    P2: gl.constexpr = gl.BlockedLayout([1, S, 1], [1, 1, 32], [ROWS, S, 1], [2, 1, 0])
+    O2: gl.constexpr = gl.SliceLayout(1, P2)  # [ROWS, 32]: output slots
+    SM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    b = gl.program_id(0)
+    m = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O2))
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, O2))
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)
+    row_ok = m < Q * H
+    pos = seq_len - Q + m // H
+    local = gl.where(pos >= 0, pos // PAGE, 0)
+    loc2 = gl.expand_dims(local, 1)
+    slot = gl.expand_dims(lane, 0)
+    res = gl.where(slot <= loc2, slot, -1)
+    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+        # phase 1: each warp's slice of the row
+        m1 = gl.program_id(1) * ROWS + gl.arange(
+            0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, P1))))
+        s1 = gl.arange(0, S, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, P1))))
+        l1 = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, P1))))
+        k1 = gl.arange(0, K, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, P1))))
+        m4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(m1, 1), 2), 3)
+        s4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(s1, 0), 2), 3)
+        l4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(l1, 0), 1), 3)
+        k4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k1, 0), 1), 2)
+        jj = s4 * (32 * K) + l4 * K + k4  # [1, S, 32, K] page ids
+        pos4 = seq_len - Q + m4 // H
+        loc4 = gl.where(pos4 >= 0, pos4 // PAGE, 0)
+        ok = (jj < loc4) & (m4 < Q * H)
+        s = gl.load(scores_ptr + (b * N + m4).to(gl.int64) * width + jj, mask=ok, other=0.0)
+        s = gl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal scores tie by id
+        bits = s.to(gl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        key = gl.where(s != s, _NAN_KEY, key)
+        key = gl.where(ok, key, _INT32_MIN)
+        ids = jj + gl.zeros_like(key)
+        lane1 = gl.expand_dims(gl.expand_dims(l1, 0), 1)  # [1, 1, 32]
+        top_key = gl.full([ROWS, S, 32], _INT32_MIN, gl.int32, layout=R1)
+        top_id = gl.full([ROWS, S, 32], _NO_ID, gl.int32, layout=R1)
+        for k in gl.static_range(HISTORY):
+            lane_key = gl.max(key, 3)  # [ROWS, S, 32]
+            lane_id = gl.min(gl.where(key == gl.expand_dims(lane_key, 3), ids, _NO_ID), 3)
+            best = _warp_max(lane_key)
+            page = _warp_min(gl.where(lane_key == best, lane_id, _NO_ID))
+            top_key = gl.where(lane1 == k, best, top_key)
+            top_id = gl.where(lane1 == k, page, top_id)
+            key = gl.where(ids == gl.expand_dims(page, 3), _INT32_MIN, key)
+        # phase 2: the row's S lists, S entries per lane, in every warp of the row
+        key_smem = gl.allocate_shared_memory(gl.int32, [ROWS, S, 32], SM, top_key)
+        id_smem = gl.allocate_shared_memory(gl.int32, [ROWS, S, 32], SM, top_id)
+        gl.thread_barrier()
+        key2 = key_smem.load(P2)
+        id2 = id_smem.load(P2)
+        for k in gl.static_range(HISTORY):
+            lane_key = gl.max(key2, 1)  # [ROWS, 32]
+            lane_id = gl.min(gl.where(key2 == gl.expand_dims(lane_key, 1), id2, _NO_ID), 1)
+            best = _warp_max(lane_key)
+            page = _warp_min(gl.where(lane_key == best, lane_id, _NO_ID))
+            res = gl.where(slot == k, page, res)
+            key2 = gl.where(id2 == gl.expand_dims(page, 1), _INT32_MIN, key2)
         res = gl.where(slot == HISTORY, loc2, gl.where(loc2 > HISTORY, res,
                                                        gl.where(slot <= loc2, slot, -1)))
     _store_rows(out_ptr, b, m, row_ok, slot, res, Q, H)
