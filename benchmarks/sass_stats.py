@@ -296,7 +296,8 @@ def redux_select_report(arch: int = 90) -> list[str]:
     """One line per K (keys per lane: W <= 32 K) of the Gluon select at Q8 H4, 4 rows per
     program: registers, LDL/STL, SASS instructions, REDUX count; the Gluon merge of the
     one-launch kernel's split candidates at C = 64 and 512 candidates per row; the split
-    select at K 8 / S 4 (W <= 1024) and K 16 / S 8 (W <= 4096); then, for
+    select at K 8 / S 4 (W <= 1024), K 16 / S 4 (W <= 2048: the library's shape there),
+    K 16 / S 8 (W <= 4096) and K 32 / S 8 (W <= 8192); then, for
     comparison, the plain-Triton wide select at W = 128 and merge of 10 splits x 4 candidates
     (one warp per row; SHFL count)."""
     from nvfp4_indexer.triton.decode import _decode_merge_kernel
@@ -319,7 +320,7 @@ def redux_select_report(arch: int = 90) -> list[str]:
                      f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
                      f"{redux} REDUX")
     from nvfp4_indexer.triton.redux_select import redux_select_split_kernel
-    for k, s in ((8, 4), (16, 8)):  # W <= 1024, W <= 4096
+    for k, s in ((8, 4), (16, 4), (16, 8), (32, 8)):  # W <= 1024, 2048, 4096, 8192
         ker = _compile_gluon(redux_select_split_kernel, SELECT_TYPES,
                              dict(Q=8, H=4, N=32, K=k, S=s, ROWS=1), s, arch)
         st = sass_stats(ker)

@@ -239,7 +239,7 @@ KINDS = ({"gluon": True}, {"wide": True})  # the redux test's two select kernels
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("q_len,heads", [(2, 4), (1, 1), (3, 2), (2, 1), (8, 8)])
-@pytest.mark.parametrize("width", [20, 33, 40, 100, 256, 500, 1000, 2100])
+@pytest.mark.parametrize("width", [20, 33, 40, 100, 256, 500, 1000, 1907, 2100, 8192])
 @pytest.mark.parametrize("split", [False, True])
 def test_gpu_redux_select_matches_wide_select(width, q_len, heads, split, monkeypatch):
     """The Gluon select (``redux_select``, K = 1..32 keys per lane, rows per program 1 / 2 /
@@ -781,25 +781,66 @@ for arch in (90, 100):
 '''
 
 
+def _split_select_emulation(scores: torch.Tensor, local: torch.Tensor, keys_per_lane: int):
+    """A torch model of ``redux_select_split_kernel``'s two phases (GPU only) for rows
+    ``scores [R, W]`` with local pages ``local [R]`` (>= 16): int32 keys as the kernel forms
+    them (NaN one above INT32_MIN, pages j >= L at INT32_MIN), slices of 32 K pages per warp
+    (``split_shape``), each slice's best 15 by (key desc, id asc), then the best 15 of the
+    kept entries. Returns the 15 page ids ``[R, 15]``."""
+    from nvfp4_indexer.reference.candidates import score_key
+    from nvfp4_indexer.triton.redux_select import split_shape
+    r, w = scores.shape
+    k, s = split_shape(w, keys_per_lane)
+    key = score_key(scores).long()
+    key = torch.where(torch.isnan(scores), torch.full_like(key, -2 ** 31 + 1), key)
+    ids = torch.arange(s * 32 * k).expand(r, -1)
+    key = torch.cat([key, torch.full((r, s * 32 * k - w), -2 ** 31)], 1)
+    key = torch.where(ids < local[:, None], key, torch.full_like(key, -2 ** 31))
+    packed = (key << 32) | (2 ** 31 - 1 - ids)  # larger: larger key, then smaller id
+    kept = packed.reshape(r, s, 32 * k).topk(15, dim=-1).values.reshape(r, s * 15)
+    return (2 ** 31 - 1 - (kept.topk(15, dim=-1).values & (2 ** 32 - 1))).to(torch.int32)
+
+
+@pytest.mark.parametrize("width", [513, 938, 1025, 1907, 2049, 4096, 8192])
+@pytest.mark.parametrize("keys_per_lane", [8, 16])
+def test_split_select_algorithm_matches_reference(width, keys_per_lane):
+    """The split select's exactness argument on the CPU (its kernel is GPU only): per-slice
+    best 15, then the best 15 of the kept entries, equals SPEC 5's reference selection on
+    the select test's adversarial scores (ties within and across slices, NaN of both signs,
+    +-0.0, +-inf, subnormals, a NaN-only row) for local pages at slice boundaries."""
+    from nvfp4_indexer.triton.redux_select import split_shape
+    k, s = split_shape(width, keys_per_lane)
+    scores = _select_scores(width, seed=width + keys_per_lane).reshape(-1, width)
+    g = torch.Generator().manual_seed(width)
+    edges = [16, 17, 32 * k - 1, 32 * k, 32 * k + 1, 32 * k + 15, 32 * k + 16, width]
+    local = torch.tensor([min(e, width) for e in edges]
+                         + torch.randint(16, width + 1, (scores.shape[0] - len(edges),),
+                                         generator=g).tolist())
+    got = _split_select_emulation(scores, local, keys_per_lane)
+    want = ref.select_pages(scores[:, None], local)[:, 0, :15]
+    assert torch.equal(got, want)
+
+
 def test_redux_launch_shape():
     """Keys per lane and rows per program of the Gluon select / merge: K = next power of two
     >= n / 32, rows = min(4, next power of two >= Q*H); the split select: S = 4 warps per row
-    up to 1024 keys (8 per lane), else 8, K = next power of two >= n / (32 S)."""
+    up to 4 * 32 * keys_per_lane keys (the library passes 16: 2048), else 8, K = next power
+    of two >= n / (32 S)."""
     from nvfp4_indexer.triton.redux_select import launch_shape, split_shape
     assert launch_shape(20, 1) == (1, 1) and launch_shape(33, 2) == (2, 2)
     assert launch_shape(128, 32) == (4, 4) and launch_shape(129, 6) == (8, 4)
     assert launch_shape(512, 64) == (16, 4) and launch_shape(249, 3) == (8, 4)
-    assert split_shape(20) == (1, 4) and split_shape(600) == (8, 4)
-    assert split_shape(1024) == (8, 4) and split_shape(1025) == (8, 8)
-    assert split_shape(1563) == (8, 8) and split_shape(2100) == (16, 8)
-    assert split_shape(8192) == (32, 8)
+    assert split_shape(20, 8) == (1, 4) and split_shape(600, 8) == (8, 4)
+    assert split_shape(1024, 8) == (8, 4) and split_shape(1025, 8) == (8, 8)
+    assert split_shape(1563, 8) == (8, 8) and split_shape(2100, 8) == (16, 8)
+    assert split_shape(8192, 16) == (32, 8) and split_shape(4096, 16) == (16, 8)
     assert split_shape(2048, 16) == (16, 4) and split_shape(2049, 16) == (16, 8)
 
 
 def test_select_launch_rule():
     """Which select kernel a launch gets: on the Gluon paths the one-warp redux select up to
     ``SELECT_REDUX_MAX_WIDTH``, its split form above that for at most
-    ``SELECT_WIDE_MAX_ROWS`` rows (S warps, one row per program) up to
+    ``SELECT_SPLIT_MAX_ROWS`` rows (S warps, one row per program) up to
     ``SELECT_SPLIT_MAX_WIDTH``, else the Triton selects (wide for few rows, residue-class for
     many); off the Gluon paths (the interpreter, "lut") never a Gluon kernel."""
     def pick(b, w, q=8, h=4, gluon=True):
@@ -811,23 +852,31 @@ def test_select_launch_rule():
     assert pick(16, 2049) == ("redux_select_split_kernel", dict(K=16, S=8, ROWS=1), 8, 1)
     assert pick(16, 8192)[1] == dict(K=32, S=8, ROWS=1)
     assert pick(16, 8193)[0] == "_select_kernel"  # past the split's (and wide's) width
-    assert pick(17, 1000)[0] == "_select_kernel"  # 544 rows: the residue-class select
-    assert pick(128, 1000, 1, 4)[0] == "redux_select_split_kernel"  # Q1 H4: 512 rows
+    assert pick(32, 1000)[0] == "redux_select_split_kernel"  # 1024 rows
+    assert pick(33, 1000)[0] == "_select_kernel"  # 1056 rows: the residue-class select
+    assert pick(17, 1000)[0] == "redux_select_split_kernel"  # 544 rows
+    assert pick(256, 1000, 1, 4)[0] == "redux_select_split_kernel"  # Q1 H4: 1024 rows
     for w in (100, 1000):
         assert pick(8, w, gluon=False)[0] == "_select_wide_kernel"
+    # ``wide`` forces the Triton selects on the Gluon paths too (tests, labs)
+    for w in (100, 1000):
+        assert WG.select_launch(8, w, 8, 4, wide=False, gluon=True)[0].__name__ == "_select_kernel"
+        assert WG.select_launch(8, w, 8, 4, wide=True, gluon=True)[0].__name__ \
+            == "_select_wide_kernel"
+    assert WG.SELECT_SPLIT_MAX_WIDTH <= 8 * 32 * 32  # K <= 32 keys per lane at S = 8
 
 
 def test_redux_select_compiles_offline():
     """The Gluon select compiles for sm_90a and sm_100a (no GPU) at K = 1, 4, 8, 16, 32 keys
-    per lane, the Gluon merge at 64 / 512 candidates per row and the split select at K 8 / S
-    4 and K 16 / S 8: two warp reductions per round (30 REDUX; the split select 60: its two
+    per lane, the Gluon merge at 64 / 512 candidates per row and the split select at (K, S)
+    = (8, 4), (16, 4), (16, 8), (32, 8) (W up to 8192): two warp reductions per round (30 REDUX; the split select 60: its two
     sets of rounds), no spill; the select at K = 4 takes fewer instructions than the
     plain-Triton wide select at W = 128 (K = 4: 512 against 992 on sm_90a at Triton 3.6)."""
     lines = _offline(_REDUX_COMPILE)
-    assert len(lines) == 22, lines
+    assert len(lines) == 26, lines
     for arch in range(2):
-        red, split = lines[11 * arch:11 * arch + 7], lines[11 * arch + 7:11 * arch + 9]
-        wide = lines[11 * arch + 9]
+        red, split = lines[13 * arch:13 * arch + 7], lines[13 * arch + 7:13 * arch + 11]
+        wide = lines[13 * arch + 11]
         for ln in red:  # 5 select widths, then the merge at 64 / 512 candidates
             assert " 0 LDL/STL, " in ln and ln.endswith(" 30 REDUX"), ln
         for ln in split:

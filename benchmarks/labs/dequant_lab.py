@@ -96,10 +96,12 @@ VARIANTS = {
     "mma rxr8": {"dequant": "mma", "_redux_rows": 8},
     "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0, "_split_width": 0},
     # the split redux select (S warps per row) for W > 512 on the default path: off (the
-    # Triton selects), with 8 keys per lane (S = 4 up to W 1024, then 8), for any row count
+    # Triton selects), with 8 keys per lane (S = 4 up to W 1024, then 8), up to 512 rows
+    # (session 13's rule), for any row count
     "nosplit": {"_split_width": 0},
     "split8": {"_split_keys": 8},
-    "splitall": {"_wide_rows": 1 << 30},
+    "split512": {"_split_rows": 512},
+    "splitall": {"_split_rows": 1 << 30},
     "ptx oldmerge": {"dequant": "ptx", "_redux_merge": 0},  # the Triton merge kernel
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
@@ -113,6 +115,7 @@ SELECT_KNOBS = {"_redux_width": ("decode_wgmma", "SELECT_REDUX_MAX_WIDTH"),
                 "_wide_rows": ("decode_wgmma", "SELECT_WIDE_MAX_ROWS"),
                 "_split_width": ("decode_wgmma", "SELECT_SPLIT_MAX_WIDTH"),
                 "_split_keys": ("decode_wgmma", "SELECT_SPLIT_KEYS"),
+                "_split_rows": ("decode_wgmma", "SELECT_SPLIT_MAX_ROWS"),
                 "_redux_merge": ("decode", "REDUX_MERGE_MAX_CANDIDATES")}
 QUICK_VARIANTS = ("base", "ptx", "wg", "pps8")
 SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not checked

@@ -30,7 +30,7 @@ Two launches per run:
      ``redux_select`` (Gluon): the row's scores in one warp's registers as int32 keys, each of
      the 15 rounds two warp reductions (``redux.sync``: the largest key, then the smallest
      page id holding it); up to ``SELECT_SPLIT_MAX_WIDTH``, for at most
-     ``SELECT_WIDE_MAX_ROWS`` rows, its split form (S warps per row, each keeps its slice's
+     ``SELECT_SPLIT_MAX_ROWS`` rows, its split form (S warps per row, each keeps its slice's
      best 15, then the rounds again on the kept entries);
    - else, for at most ``SELECT_WIDE_MAX_ROWS`` rows and W <= ``SELECT_WIDE_MAX_WIDTH``,
      ``_select_wide_kernel`` (plain Triton, the interpreter too): the row's packed int64
@@ -87,11 +87,12 @@ SELECT_WIDE_MAX_WIDTH = 8192
 # the Gluon select (``redux_select``: a row's keys in one warp's registers, two warp
 # reductions per round) on the GPU page-score paths for block tables up to this width
 SELECT_REDUX_MAX_WIDTH = 512
-# wider block tables up to this width, for at most SELECT_WIDE_MAX_ROWS rows: its split form
+# wider block tables up to this width, for at most SELECT_SPLIT_MAX_ROWS rows: its split form
 # (``redux_select_split_kernel``: S warps per row, each the 15 rounds on its slice of
-# <= 32 * SELECT_SPLIT_KEYS pages, then the 15 rounds on the row's S * 32 kept entries; more
-# rows fill the GPU with the one-warp residue-class select, which measured as fast)
-SELECT_SPLIT_MAX_WIDTH = 8192
+# <= 32 * K pages, then the 15 rounds on the row's S * 32 kept entries; more rows fill the
+# GPU with the one-warp residue-class select, which measured faster from 2048 rows)
+SELECT_SPLIT_MAX_WIDTH = 8192  # at most 8 * 32 * 32: S = 8 warps of K <= 32 keys per lane
+SELECT_SPLIT_MAX_ROWS = 1024
 SELECT_SPLIT_KEYS = 16  # keys per lane of a split warp while S = 4 (W <= 2048; then S = 8)
 
 
@@ -387,9 +388,9 @@ def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
     - with ``gluon`` (a GPU page-score path) and W <= ``SELECT_REDUX_MAX_WIDTH``: the Gluon
       ``redux_select`` kernel, K = next power of two >= W / 32 keys per lane, one row per warp,
       ``redux_select.launch_shape`` rows (warps) per program;
-    - with ``gluon``, W <= ``SELECT_SPLIT_MAX_WIDTH`` and at most ``SELECT_WIDE_MAX_ROWS``
+    - with ``gluon``, W <= ``SELECT_SPLIT_MAX_WIDTH`` and at most ``SELECT_SPLIT_MAX_ROWS``
       rows B * Q * H: its split form, one row per program on S warps
-      (``redux_select.split_shape``);
+      (``redux_select.split_shape`` with ``SELECT_SPLIT_KEYS``; K <= 32 keys per lane);
     - else the wide select for at most ``SELECT_WIDE_MAX_ROWS`` rows and W <=
       ``SELECT_WIDE_MAX_WIDTH`` (``wide`` forces it on or off), its CHUNK = next power of two
       >= W on up to 8 warps (256 keys per warp);
@@ -400,9 +401,10 @@ def select_launch(num_reqs: int, width: int, query_len: int, num_heads: int,
         k, rows = launch_shape(width, query_len * num_heads)
         return redux_select_kernel, dict(K=k, ROWS=rows), rows, rows
     if gluon and wide is None and width <= SELECT_SPLIT_MAX_WIDTH \
-            and num_reqs * query_len * num_heads <= SELECT_WIDE_MAX_ROWS:
+            and num_reqs * query_len * num_heads <= SELECT_SPLIT_MAX_ROWS:
         from .redux_select import redux_select_split_kernel, split_shape
         k, s = split_shape(width, SELECT_SPLIT_KEYS)
+        assert k <= 32, (width, k, s)  # registers: SELECT_SPLIT_MAX_WIDTH <= 8 * 32 * 32
         return redux_select_split_kernel, dict(K=k, S=s, ROWS=1), s, 1
     if wide is None:
         wide = (num_reqs * query_len * num_heads <= SELECT_WIDE_MAX_ROWS

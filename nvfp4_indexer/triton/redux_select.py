@@ -57,10 +57,11 @@ def launch_shape(num_keys: int, rows: int) -> tuple[int, int]:
     return next_pow2(-(-num_keys // 32)), min(ROWS_PER_PROGRAM, next_pow2(rows))
 
 
-def split_shape(num_keys: int, keys_per_lane: int = 8) -> tuple[int, int]:
+def split_shape(num_keys: int, keys_per_lane: int) -> tuple[int, int]:
     """``(K, S)`` of a ``redux_select_split_kernel`` launch over rows of at most ``num_keys``
     keys: S = 4 warps per row while 4 * 32 * ``keys_per_lane`` keys fit, else 8; K = next
-    power of two >= num_keys / (32 S) keys per lane (at least 1)."""
+    power of two >= num_keys / (32 S) keys per lane (at least 1). The library passes
+    ``decode_wgmma.SELECT_SPLIT_KEYS`` (16); K <= 32 needs num_keys <= 8192."""
     s = 4 if num_keys <= 4 * 32 * keys_per_lane else 8
     k = -(-num_keys // (32 * s))
     return 1 << max(0, k - 1).bit_length(), s
@@ -263,7 +264,7 @@ def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.co
         # phase 2: the row's S lists, S entries per lane, in every warp of the row
         key_smem = gl.allocate_shared_memory(gl.int32, [ROWS, S, 32], SM, top_key)
         id_smem = gl.allocate_shared_memory(gl.int32, [ROWS, S, 32], SM, top_id)
-        gl.thread_barrier()
+        gl.thread_barrier()  # belt and braces: the compiler puts a BAR here by itself
         key2 = key_smem.load(P2)
         id2 = id_smem.load(P2)
         for k in gl.static_range(HISTORY):
