@@ -781,44 +781,80 @@ for arch in (90, 100):
 '''
 
 
-def _split_select_emulation(scores: torch.Tensor, local: torch.Tensor, keys_per_lane: int):
-    """A torch model of ``redux_select_split_kernel``'s two phases (GPU only) for rows
-    ``scores [R, W]`` with local pages ``local [R]`` (>= 16): int32 keys as the kernel forms
-    them (NaN one above INT32_MIN, pages j >= L at INT32_MIN), slices of 32 K pages per warp
-    (``split_shape``), each slice's best 15 by (key desc, id asc), then the best 15 of the
-    kept entries. Returns the 15 page ids ``[R, 15]``."""
+def _split_select_rounds(scores: torch.Tensor, local: torch.Tensor, keys_per_lane: int,
+                         nan_key: int = -2 ** 31 + 1) -> torch.Tensor:
+    """A torch replay of ``redux_select_split_kernel`` (GPU only), round by round, for rows
+    ``scores [R, W]`` with local pages ``local [R]`` (>= 16): the kernel's slicing (page
+    j = s * 32K + lane * K + k of warp s, ``split_shape``), its int32 keys (-0.0 as +0.0, NaN
+    at ``nan_key``, pages j >= L at INT32_MIN), each round's per-lane max, smallest id holding
+    it, warp max / min and the taken page set to INT32_MIN; phase 2 on the S kept entries per
+    lane. Returns the 15 page ids ``[R, 15]``."""
     from nvfp4_indexer.reference.candidates import score_key
     from nvfp4_indexer.triton.redux_select import split_shape
+    low, no_id = -2 ** 31, 2 ** 31 - 1
     r, w = scores.shape
     k, s = split_shape(w, keys_per_lane)
-    key = score_key(scores).long()
-    key = torch.where(torch.isnan(scores), torch.full_like(key, -2 ** 31 + 1), key)
-    ids = torch.arange(s * 32 * k).expand(r, -1)
-    key = torch.cat([key, torch.full((r, s * 32 * k - w), -2 ** 31)], 1)
-    key = torch.where(ids < local[:, None], key, torch.full_like(key, -2 ** 31))
-    packed = (key << 32) | (2 ** 31 - 1 - ids)  # larger: larger key, then smaller id
-    kept = packed.reshape(r, s, 32 * k).topk(15, dim=-1).values.reshape(r, s * 15)
-    return (2 ** 31 - 1 - (kept.topk(15, dim=-1).values & (2 ** 32 - 1))).to(torch.int32)
+    ids = (torch.arange(s)[:, None, None] * 32 * k + torch.arange(32)[None, :, None] * k
+           + torch.arange(k)[None, None, :]).expand(r, s, 32, k)  # [R, S, 32, K]
+    ok = ids < local[:, None, None, None]
+    padded = torch.cat([scores, torch.zeros(r, s * 32 * k - w)], 1)
+    sc = torch.where(ok, padded.gather(1, ids.reshape(r, -1)).reshape(ids.shape), 0.0)
+    key = score_key(sc).long()
+    key = torch.where(torch.isnan(sc), torch.full_like(key, nan_key), key)
+    key = torch.where(ok, key, torch.full_like(key, low))
+
+    def rounds(key, ids, lane_dim, warp_dim):
+        picked_key, picked_id = [], []
+        for _ in range(15):
+            lane_key = key.max(lane_dim, keepdim=True).values
+            lane_id = torch.where(key == lane_key, ids, no_id).min(lane_dim, keepdim=True).values
+            best = lane_key.max(warp_dim, keepdim=True).values
+            page = torch.where(lane_key == best, lane_id, no_id).min(warp_dim, keepdim=True).values
+            picked_key.append(best)
+            picked_id.append(page)
+            key = torch.where(ids == page, low, key)
+        return torch.cat(picked_key, warp_dim), torch.cat(picked_id, warp_dim)
+
+    top_key, top_id = rounds(key, ids, 3, 2)  # [R, S, 15, 1]: each slice's best 15
+    top_key, top_id = top_key[..., 0].transpose(1, 2), top_id[..., 0].transpose(1, 2)
+    return rounds(top_key, top_id, 2, 1)[1][:, :, 0].to(torch.int32)  # [R, 15]
+
+
+def _split_select_rows(width: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[113, W]`` of the select test's adversarial scores (7 groups of 16: random,
+    ties everywhere, a class that never wins, NaN / +-0.0, +-inf and a NaN-only row,
+    subnormals and NaN of both signs) plus one row whose 16 best pages are equal and straddle
+    the first slice boundary 32K; local pages: each group's first 8 rows at slice boundaries,
+    the rest random, all <= W - 1 (as seq_len <= W * 128 allows)."""
+    scores = _select_scores(width, seed=seed).reshape(-1, width)
+    tie = torch.randn(1, width, generator=torch.Generator().manual_seed(seed))
+    tie[0, 32 * k - 8:32 * k + 8] = 1e6
+    scores = torch.cat([scores, tie])
+    g = torch.Generator().manual_seed(seed)
+    edges = [16, 17, 32 * k - 1, 32 * k, 32 * k + 1, 32 * k + 15, 32 * k + 16, width - 1]
+    local = []
+    for _ in range(7):
+        local += edges + torch.randint(16, width, (8,), generator=g).tolist()
+    local = torch.tensor([min(x, width - 1) for x in local] + [min(32 * k + 8, width - 1)])
+    return scores, local
 
 
 @pytest.mark.parametrize("width", [513, 938, 1025, 1907, 2049, 4096, 8192])
 @pytest.mark.parametrize("keys_per_lane", [8, 16])
 def test_split_select_algorithm_matches_reference(width, keys_per_lane):
-    """The split select's exactness argument on the CPU (its kernel is GPU only): per-slice
-    best 15, then the best 15 of the kept entries, equals SPEC 5's reference selection on
-    the select test's adversarial scores (ties within and across slices, NaN of both signs,
-    +-0.0, +-inf, subnormals, a NaN-only row) for local pages at slice boundaries."""
+    """The split select's algorithm on the CPU (its kernel is GPU only): a round-by-round
+    replay of the kernel (``_split_select_rounds``) equals SPEC 5's reference selection on
+    adversarial scores (ties within and across slices, NaN of both signs, +-0.0, +-inf,
+    subnormals, a NaN-only row) for local pages at slice boundaries. It fails if a slice keeps
+    fewer than 15, if ties go to the larger id, or if NaN pages share the key of taken pages
+    (then a taken page is picked again): the second half checks that the replay is that
+    strict."""
     from nvfp4_indexer.triton.redux_select import split_shape
-    k, s = split_shape(width, keys_per_lane)
-    scores = _select_scores(width, seed=width + keys_per_lane).reshape(-1, width)
-    g = torch.Generator().manual_seed(width)
-    edges = [16, 17, 32 * k - 1, 32 * k, 32 * k + 1, 32 * k + 15, 32 * k + 16, width]
-    local = torch.tensor([min(e, width) for e in edges]
-                         + torch.randint(16, width + 1, (scores.shape[0] - len(edges),),
-                                         generator=g).tolist())
-    got = _split_select_emulation(scores, local, keys_per_lane)
+    k, _ = split_shape(width, keys_per_lane)
+    scores, local = _split_select_rows(width, k, seed=width + keys_per_lane)
     want = ref.select_pages(scores[:, None], local)[:, 0, :15]
-    assert torch.equal(got, want)
+    assert torch.equal(_split_select_rounds(scores, local, keys_per_lane), want)
+    assert not torch.equal(_split_select_rounds(scores, local, keys_per_lane, -2 ** 31), want)
 
 
 def test_redux_launch_shape():
@@ -869,8 +905,9 @@ def test_select_launch_rule():
 def test_redux_select_compiles_offline():
     """The Gluon select compiles for sm_90a and sm_100a (no GPU) at K = 1, 4, 8, 16, 32 keys
     per lane, the Gluon merge at 64 / 512 candidates per row and the split select at (K, S)
-    = (8, 4), (16, 4), (16, 8), (32, 8) (W up to 8192): two warp reductions per round (30 REDUX; the split select 60: its two
-    sets of rounds), no spill; the select at K = 4 takes fewer instructions than the
+    = (8, 4), (16, 4), (16, 8), (32, 8) (W up to 8192): two warp reductions per round (30
+    REDUX; the split select 60: its two sets of rounds), no spill; the select at K = 4 takes
+    fewer instructions than the
     plain-Triton wide select at W = 128 (K = 4: 512 against 992 on sm_90a at Triton 3.6)."""
     lines = _offline(_REDUX_COMPILE)
     assert len(lines) == 26, lines

@@ -139,8 +139,9 @@ def make_runner(b, width, dev, kw):
     from nvfp4_indexer.triton import redux_select
     mods = {"decode_wgmma": decode_wgmma, "decode": decode_mod, "redux_select": redux_select}
     sel = {SELECT_KNOBS[knob]: kw.pop(knob) for knob in list(kw) if knob in SELECT_KNOBS}
-    if narrow:
+    if narrow:  # no multi-warp select: neither the wide select nor the split redux select
         sel[("decode_wgmma", "SELECT_WIDE_MAX_ROWS")] = 0
+        sel[("decode_wgmma", "SELECT_SPLIT_MAX_ROWS")] = 0
     saved = {key: getattr(mods[key[0]], key[1]) for key in sel}
     decode_wgmma.WGFLAT_LAB_STAGES, decode_wgmma.WGFLAT_LAB_ASYNC = wgf
     decode_wgmma.MMA_LAB = lab
