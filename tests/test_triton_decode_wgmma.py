@@ -907,8 +907,8 @@ def test_redux_select_compiles_offline():
     per lane, the Gluon merge at 64 / 512 candidates per row and the split select at (K, S)
     = (8, 4), (16, 4), (16, 8), (32, 8) (W up to 8192): two warp reductions per round (30
     REDUX; the split select 60: its two sets of rounds), no spill; the select at K = 4 takes
-    fewer instructions than the
-    plain-Triton wide select at W = 128 (K = 4: 512 against 992 on sm_90a at Triton 3.6)."""
+    fewer instructions than the plain-Triton wide select at W = 128 (K = 4: 512 against 992
+    on sm_90a at Triton 3.6)."""
     lines = _offline(_REDUX_COMPILE)
     assert len(lines) == 26, lines
     for arch in range(2):

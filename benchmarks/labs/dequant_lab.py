@@ -96,8 +96,8 @@ VARIANTS = {
     "mma rxr8": {"dequant": "mma", "_redux_rows": 8},
     "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0, "_split_width": 0},
     # the split redux select (S warps per row) for W > 512 on the default path: off (the
-    # Triton selects), with 8 keys per lane (S = 4 up to W 1024, then 8), up to 512 rows
-    # (session 13's rule), for any row count
+    # Triton selects); 8 keys per lane (S = 4 up to W 1024, then 8); only up to 512 rows
+    # (session 13's rule); at any row count
     "nosplit": {"_split_width": 0},
     "split8": {"_split_keys": 8},
     "split512": {"_split_rows": 512},
