@@ -90,6 +90,42 @@ def test_lut_portable_kernel_bit_exact():
     _strict_equal(out.reshape(-1, 16), lut.reference_f16_bits(codes, scales))
 
 
+def test_ptx_emulate_follows_ptx_semantics():
+    """The host replay of ``LUT_ASM``: ``prmt`` (identity, a gather across both sources, the
+    sign-replicate mode), ``lop3`` against its truth table, shifts, and a refusal of anything
+    it does not model."""
+    t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+    regs = lut.ptx_emulate(
+        "prmt.b32 p, $1, $2, 0x5140;\nprmt.b32 q, $1, $2, 0x8F07;\n"
+        "lop3.b32 r, $1, $2, 0x0000FFFF, 0x28;\nshr.u32 s, $2, 7;\nshl.b32 u, $2, 4;\n"
+        "mov.b64 {lo, hi}, $3;",
+        {"$1": t(0x44332211), "$2": t(0x88776655), "$3": t(0x0123456789ABCDEF)})
+    assert regs["p"].item() == 0x66225511
+    assert regs["q"].item() == 0x00FF1188  # bytes 0x88 (sign set), 0x11, then their signs
+    assert regs["r"].item() == (0x44332211 ^ 0x88776655) & 0xFFFF  # 0x28: (a ^ b) & c
+    assert regs["s"].item() == 0x88776655 >> 7
+    assert regs["u"].item() == (0x88776655 << 4) & 0xFFFFFFFF
+    assert (regs["lo"].item(), regs["hi"].item()) == (0x89ABCDEF, 0x01234567)
+    with pytest.raises(ValueError, match="unsupported"):
+        lut.ptx_emulate("add.u32 a, $1, 1;", {"$1": t(1)})
+
+
+def test_lut_asm_text_bit_exact_on_host():
+    """``LUT_ASM`` itself (the PTX text the scorers inline), replayed on the host, gives the
+    reference dequant_e4m3 for every (code, scale byte) pair in every nibble position
+    (SPEC 1.4; the GPU test runs it on the device); a one-digit change of one byte selector
+    is caught."""
+    codes, scales = lut.exhaustive_groups()
+    _strict_equal(lut.lut_asm_emulate(codes, scales), lut.reference_f16_bits(codes, scales))
+    mutant = lut.LUT_ASM.replace("0x5240", "0x5241", 1)
+    regs = lut.ptx_emulate(mutant, {"$8": codes.view(torch.int64).reshape(-1),
+                                    "$9": lut.lut_table()[scales.long()],
+                                    "$10": scales.long()})
+    got = lut._unpack_pairs(torch.stack([regs[f"${i}"] for i in range(8)], dim=1))
+    with pytest.raises(AssertionError):
+        _strict_equal(got, lut.reference_f16_bits(codes, scales))
+
+
 def test_phys_dim_is_a_permutation():
     assert sorted(WG.phys_dim(c) for c in range(128)) == list(range(128))
 

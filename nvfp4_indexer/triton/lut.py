@@ -22,7 +22,9 @@ Two implementations of that formula:
   ``PAIR_NIBBLES[p]``.
 - ``lut_dequant_portable`` (any backend, the interpreter included): the same formula with
   Triton gathers and integer ops; the CPU tests check it against the reference for all 16
-  codes x 256 scale bytes, and the GPU tests check ``LUT_ASM`` the same way.
+  codes x 256 scale bytes, and the GPU tests check ``LUT_ASM`` the same way. On the CPU,
+  ``lut_asm_emulate`` also replays the PTX text of ``LUT_ASM`` itself (``ptx_emulate``: the
+  handful of integer instructions it uses), so an edit of the asm is caught without a GPU.
 """
 
 from __future__ import annotations
@@ -108,6 +110,91 @@ LUT_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, so, se, p, tl, th, sm;\n"
            "prmt.b32 sm, $10, 0, 0x8888;        // all ones for a negative scale byte, else 0\n"
            + _lut_word_asm("wl", 0) + _lut_word_asm("wh", 4) + "}")
 LUT_CONSTRAINTS = "=r,=r,=r,=r,=r,=r,=r,=r,l,l,r"
+def _lop3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, imm: int) -> torch.Tensor:
+    """PTX ``lop3.b32``: bit i of the result is bit ``(a_i << 2 | b_i << 1 | c_i)`` of imm."""
+    out = torch.zeros_like(a)
+    for k in range(8):
+        if imm >> k & 1:
+            out |= ((a if k & 4 else ~a) & (b if k & 2 else ~b) & (c if k & 1 else ~c))
+    return out & 0xFFFFFFFF
+
+
+def _prmt(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """PTX ``prmt.b32`` (default mode): output byte k = byte ``sel >> 4k & 7`` of (a, b), or
+    that byte's bit 7 replicated when ``sel >> 4k & 8``."""
+    src = a | (b << 32)
+    out = torch.zeros_like(a)
+    for k in range(4):
+        nib = (sel >> (4 * k)) & 0xF
+        byte = (src >> ((nib & 7) * 8)) & 0xFF
+        out |= torch.where((nib & 8) != 0, (byte >> 7) * 0xFF, byte) << (8 * k)
+    return out
+
+
+def ptx_emulate(asm: str, inputs: dict) -> dict:
+    """Replay an inline-PTX block of ``LUT_ASM``'s instruction set on the host (tests): 32-bit
+    ``and`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` / ``mul.hi.u32`` and ``mov.b64``
+    splits; operands are registers, ``$n`` and integer literals. ``inputs``: ``{"$8": int64
+    tensor, ...}`` (64-bit operands split little-endian by ``mov.b64``). Returns every
+    register, ``$n`` outputs included, as int64 tensors of 32-bit patterns.
+
+    Raises:
+        ValueError: an instruction outside that set (the emulation must not guess)."""
+    regs = dict(inputs)
+    for line in asm.splitlines():
+        line = line.split("//")[0].strip().rstrip(";")
+        if line in ("", "{", "}") or line.startswith(".reg"):
+            continue
+        if line.startswith("mov.b64"):  # mov.b64 {lo, hi}, $n
+            lo, hi, src = (t.strip(" {}") for t in line[len("mov.b64"):].split(","))
+            regs[lo], regs[hi] = regs[src] & 0xFFFFFFFF, (regs[src] >> 32) & 0xFFFFFFFF
+            continue
+        op, rest = line.split(None, 1)
+        d, *args = (t.strip() for t in rest.split(","))
+        v = [regs[t] if not t[0].isdigit() else int(t, 0) for t in args]
+        if op == "and.b32":
+            r = v[0] & v[1]
+        elif op == "shr.u32":
+            r = v[0] >> v[1]
+        elif op == "shl.b32":
+            r = (v[0] << v[1]) & 0xFFFFFFFF
+        elif op == "mul.hi.u32":
+            r = (v[0] * v[1]) >> 32
+        elif op == "prmt.b32":
+            r = _prmt(v[0], v[1], torch.as_tensor(v[2]))
+        elif op == "lop3.b32":
+            r = _lop3(v[0], torch.as_tensor(v[1]) + torch.zeros_like(v[0]),
+                      torch.as_tensor(v[2]) + torch.zeros_like(v[0]), v[3])
+        else:
+            raise ValueError(f"ptx_emulate: unsupported instruction {line!r}")
+        regs[d] = r if isinstance(r, torch.Tensor) else torch.as_tensor(r)
+    return regs
+
+
+def lut_asm_emulate(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """``LUT_ASM`` replayed on the host by ``ptx_emulate`` (CPU tests of the PTX text itself):
+    arguments and result as ``lut_asm_dequant``."""
+    n = codes.shape[0]
+    c = codes.contiguous().view(torch.int64).reshape(n)
+    s = scale_bytes.to(torch.int64)
+    regs = ptx_emulate(LUT_ASM, {"$8": c, "$9": lut_table()[s], "$10": s})
+    words = torch.stack([regs[f"${i}"] for i in range(8)], dim=1)
+    return _unpack_pairs(words)
+
+
+def _unpack_pairs(words: torch.Tensor) -> torch.Tensor:
+    """Eight f16x2 words per group (``LUT_ASM``'s outputs $0..$7) -> int32 ``[N, 16]``: the
+    fp16 bits of dims 0..15 (pairs placed by ``PAIR_NIBBLES``)."""
+    words = words.to(torch.int64) & 0xFFFFFFFF
+    res = torch.empty((words.shape[0], GROUP_SIZE), dtype=torch.int32, device=words.device)
+    for w in range(2):
+        for p, (lo, hi) in enumerate(PAIR_NIBBLES):
+            reg = words[:, 4 * w + p]
+            res[:, 8 * w + lo] = (reg & 0xFFFF).to(torch.int32)
+            res[:, 8 * w + hi] = (reg >> 16).to(torch.int32)
+    return res
+
+
 _ASM_C = tl.constexpr(LUT_ASM)
 _CONSTRAINTS_C = tl.constexpr(LUT_CONSTRAINTS)
 
@@ -145,14 +232,7 @@ def lut_asm_dequant(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Ten
     out = torch.empty((n, 8), dtype=torch.int32, device=codes.device)
     _lut_asm_probe_kernel[(1,)](codes.contiguous().view(torch.int64).reshape(n), scale_bytes,
                                 table, out, N=n)
-    words = out.to(torch.int64) & 0xFFFFFFFF
-    res = torch.empty((n, GROUP_SIZE), dtype=torch.int32, device=codes.device)
-    for w in range(2):
-        for p, (lo, hi) in enumerate(PAIR_NIBBLES):
-            reg = words[:, 4 * w + p]
-            res[:, 8 * w + lo] = (reg & 0xFFFF).to(torch.int32)
-            res[:, 8 * w + hi] = (reg >> 16).to(torch.int32)
-    return res
+    return _unpack_pairs(out)
 
 
 def exhaustive_groups() -> tuple[torch.Tensor, torch.Tensor]:
