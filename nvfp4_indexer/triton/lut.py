@@ -110,6 +110,8 @@ LUT_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, so, se, p, tl, th, sm;\n"
            "prmt.b32 sm, $10, 0, 0x8888;        // all ones for a negative scale byte, else 0\n"
            + _lut_word_asm("wl", 0) + _lut_word_asm("wh", 4) + "}")
 LUT_CONSTRAINTS = "=r,=r,=r,=r,=r,=r,=r,=r,l,l,r"
+
+
 def _lop3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, imm: int) -> torch.Tensor:
     """PTX ``lop3.b32``: bit i of the result is bit ``(a_i << 2 | b_i << 1 | c_i)`` of imm."""
     out = torch.zeros_like(a)
@@ -131,43 +133,56 @@ def _prmt(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_PTX_OPERANDS = {"and.b32": 3, "shr.u32": 3, "shl.b32": 3, "mul.hi.u32": 3, "prmt.b32": 4,
+                 "lop3.b32": 5}
+
+
 def ptx_emulate(asm: str, inputs: dict) -> dict:
     """Replay an inline-PTX block of ``LUT_ASM``'s instruction set on the host (tests): 32-bit
     ``and`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` / ``mul.hi.u32`` and ``mov.b64``
-    splits; operands are registers, ``$n`` and integer literals. ``inputs``: ``{"$8": int64
-    tensor, ...}`` (64-bit operands split little-endian by ``mov.b64``). Returns every
-    register, ``$n`` outputs included, as int64 tensors of 32-bit patterns.
+    splits; one statement per ``;``, operands are registers, ``$n`` and integer literals.
+    ``inputs``: ``{"$8": int64 tensor [N], ...}``, one element per thread (a 64-bit operand is
+    split little-endian by ``mov.b64``; 32-bit ones are read modulo 2^32). Returns every
+    register, ``$n`` outputs included, as int64 ``[N]`` tensors of 32-bit patterns.
 
     Raises:
-        ValueError: an instruction outside that set (the emulation must not guess)."""
+        ValueError: an instruction outside that set, a wrong operand count, an unset register
+            or any statement it cannot evaluate (the emulation must not guess)."""
+    m32 = 0xFFFFFFFF
     regs = dict(inputs)
     for line in asm.splitlines():
-        line = line.split("//")[0].strip().rstrip(";")
-        if line in ("", "{", "}") or line.startswith(".reg"):
-            continue
-        if line.startswith("mov.b64"):  # mov.b64 {lo, hi}, $n
-            lo, hi, src = (t.strip(" {}") for t in line[len("mov.b64"):].split(","))
-            regs[lo], regs[hi] = regs[src] & 0xFFFFFFFF, (regs[src] >> 32) & 0xFFFFFFFF
-            continue
-        op, rest = line.split(None, 1)
-        d, *args = (t.strip() for t in rest.split(","))
-        v = [regs[t] if not t[0].isdigit() else int(t, 0) for t in args]
-        if op == "and.b32":
-            r = v[0] & v[1]
-        elif op == "shr.u32":
-            r = v[0] >> v[1]
-        elif op == "shl.b32":
-            r = (v[0] << v[1]) & 0xFFFFFFFF
-        elif op == "mul.hi.u32":
-            r = (v[0] * v[1]) >> 32
-        elif op == "prmt.b32":
-            r = _prmt(v[0], v[1], torch.as_tensor(v[2]))
-        elif op == "lop3.b32":
-            r = _lop3(v[0], torch.as_tensor(v[1]) + torch.zeros_like(v[0]),
-                      torch.as_tensor(v[2]) + torch.zeros_like(v[0]), v[3])
-        else:
-            raise ValueError(f"ptx_emulate: unsupported instruction {line!r}")
-        regs[d] = r if isinstance(r, torch.Tensor) else torch.as_tensor(r)
+        for stmt in line.split("//")[0].split(";"):
+            stmt = stmt.strip()
+            if stmt in ("", "{", "}") or stmt.startswith(".reg "):  # declarations
+                continue
+            try:
+                if stmt.startswith("mov.b64"):  # mov.b64 {lo, hi}, $n
+                    lo, hi, src = (t.strip(" {}") for t in stmt[len("mov.b64"):].split(","))
+                    regs[lo], regs[hi] = regs[src] & m32, (regs[src] >> 32) & m32
+                    continue
+                op, rest = stmt.split(None, 1)
+                if op not in _PTX_OPERANDS:
+                    raise ValueError("unsupported instruction")
+                d, *args = (t.strip() for t in rest.split(","))
+                if 1 + len(args) != _PTX_OPERANDS[op]:
+                    raise ValueError(f"{op} takes {_PTX_OPERANDS[op]} operands")
+                v = [regs[t] & m32 if not t[0].isdigit() else int(t, 0) & m32 for t in args]
+                if op == "and.b32":
+                    r = v[0] & v[1]
+                elif op == "shr.u32":
+                    r = v[0] >> v[1]
+                elif op == "shl.b32":
+                    r = (v[0] << v[1]) & m32
+                elif op == "mul.hi.u32":
+                    r = ((v[0] * v[1]) >> 32) & m32
+                elif op == "prmt.b32":
+                    r = _prmt(v[0], v[1], torch.as_tensor(v[2]))
+                else:  # lop3.b32
+                    r = _lop3(v[0], torch.as_tensor(v[1]) + torch.zeros_like(v[0]),
+                              torch.as_tensor(v[2]) + torch.zeros_like(v[0]), v[3])
+            except (KeyError, TypeError, ValueError, IndexError) as e:
+                raise ValueError(f"ptx_emulate: cannot evaluate {stmt!r}: {e}") from None
+            regs[d] = r if isinstance(r, torch.Tensor) else torch.as_tensor(r)
     return regs
 
 
