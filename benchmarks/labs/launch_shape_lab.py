@@ -10,9 +10,14 @@ the SMs busy for a third of it. This lab times, in CUDA-graph replays of back-to
   partition's seq-len loads and scan, the shared-memory ring, exit) at P programs;
 - the same kernel on a b8 x 100K batch at P programs (P = 132 x 12 is the default).
 
-for P = 132 x k, k in ``--per-sm``. Run::
+for P = 132 x k, k in ``--per-sm``. With ``--select B:W,...`` it times instead, per batch of B
+requests whose rows all score W - 1 pages (Q = 8, H = 4, the default grid): the score kernel
+alone, the select kernel alone (on the scores the score kernel wrote) and both launches as
+``PageScoreLaunch`` runs them, so the select's share of a call and the gap between the two.
+Run::
 
     python -m benchmarks.labs.launch_shape_lab [--per-sm 1,3,6,12]
+    python -m benchmarks.labs.launch_shape_lab --select 8:391,8:782,8:1563,32:782
 """
 
 from __future__ import annotations
@@ -36,7 +41,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-sm", default="1,3,6,12")
     ap.add_argument("--calls", type=int, default=40, help="launches per graph")
+    ap.add_argument("--select", default="", help="B:W,... time score / select / both")
     args = ap.parse_args(argv)
+    if args.select:
+        return _select_share(args)
     dev = torch.device("cuda")
     from nvfp4_indexer.triton import decode_wgmma as wg
     from nvfp4_indexer.triton.heuristics import block_rows
@@ -84,6 +92,54 @@ def main(argv=None) -> int:
         print(f"P = {k:2d} x {sms} = {p:5d}: empty 1-warp {e1:6.2f} us, empty 4-warp "
               f"(P/4) {e4:6.2f} us, mma no page {runs['no page']:6.2f} us, "
               f"mma b8x100K (score kernel) {runs['b8x100K']:7.2f} us", flush=True)
+    return 0
+
+
+def _select_share(args) -> int:
+    """``--select``: score kernel, select kernel and both, per ``B:W`` batch (module doc)."""
+    dev = torch.device("cuda")
+    from nvfp4_indexer.triton import decode_wgmma as wg
+    from nvfp4_indexer.triton.heuristics import MMA_PROGRAMS_PER_SM, block_rows
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    q_len, heads = 8, 4
+    rows = block_rows(q_len, heads)
+    print(f"{torch.cuda.get_device_name(dev)}; us per launch, graph replays of {args.calls} "
+          "back-to-back launches (pages partly L2-warm)")
+    for spec in args.select.split(","):
+        b, pages = (int(v) for v in spec.split(":"))
+        num_blocks = b * pages + 1
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        cache = torch.randint(0, 256, (num_blocks, 128 * 72), dtype=torch.uint8, generator=gen)
+        cache[:, 128 * 64:] &= 0x3F  # positive, finite scale bytes
+        cache = cache.to(dev)
+        bt = torch.randperm(num_blocks - 1, generator=gen)[: b * pages].view(b, pages)
+        bt = bt.to(torch.int32).to(dev)
+        q = torch.randint(0, 0x7E, (b * q_len, heads, 128), dtype=torch.uint8, generator=gen)
+        q = q.to(dev).view(torch.float8_e4m3fn)
+        out = torch.empty((b * q_len, heads, 16), dtype=torch.int32, device=dev)
+        scores = torch.empty(wg.scratch_elems(b, pages, rows), dtype=torch.float32, device=dev)
+        sl = torch.full((b,), pages * 128, dtype=torch.int32, device=dev)
+        launch = wg.PageScoreLaunch("mma", width=pages, query_len=q_len, num_heads=heads,
+                                    rows=rows, num_splits=1, num_reqs=b,
+                                    programs=MMA_PROGRAMS_PER_SM * sms)
+        q8 = q.view(torch.uint8)
+
+        def score():
+            launch.score((launch.programs,), q8, q8.stride(0), q8.stride(1), cache,
+                         cache.stride(0) // 16, num_blocks, bt, bt.stride(0), pages, sl,
+                         wg._device_table(dev), scores, b, launch.programs)
+
+        def select():
+            launch.select((b, launch.select_grid_y), scores, sl, pages, out)
+
+        def both():
+            launch(q, cache, bt, sl, out, scores, num_blocks=num_blocks)
+
+        t = {n: time_graph([f], dev, graph_calls=args.calls).us
+             for n, f in (("score", score), ("select", select), ("both", both))}
+        print(f"B {b:3d} x W {pages:5d} ({b * q_len * heads} rows): score {t['score']:7.2f} us, "
+              f"select {t['select']:6.2f} us, both {t['both']:7.2f} us (gap "
+              f"{t['both'] - t['score'] - t['select']:+5.2f})", flush=True)
     return 0
 
 

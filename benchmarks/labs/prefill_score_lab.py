@@ -1,6 +1,8 @@
 """GPU lab (issue 15): the prefill score kernel alone, graph-replayed, against variants.
 
     python -m benchmarks.labs.prefill_score_lab     # four cases with context, a few minutes
+    python -m benchmarks.labs.prefill_score_lab --only "gluon$,gluon splits" \
+        --case 1024:131072:1 --splits 2,4,8,16   # one case, the Gluon kernel's split counts
 
 A case's chunk is planned and gathered by ``triton.prefill.prefill_indexer`` (its score launch
 is recorded, cases of one chunk only); then that launch is timed alone in CUDA-graph replays
@@ -80,6 +82,10 @@ def main(argv=None) -> int:
                     "variants whose name starts with one (e.g. 'st3,gluon'); a trailing '$' "
                     "asks for that exact name (e.g. 'gluon$')")
     ap.add_argument("--cases", type=int, default=4, help="the first N of the four cases")
+    ap.add_argument("--case", action="append", default=[], metavar="NEW:CONTEXT:REQS",
+                    help="time this case instead of the four (repeatable; one chunk)")
+    ap.add_argument("--splits", default="1,2,3,4,6",
+                    help="split counts of the 'gluon splits N' variants")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     from .. import workloads as wl
@@ -91,7 +97,11 @@ def main(argv=None) -> int:
     log(f"16-bit mm {mm16:.0f} TFLOP/s")
     kl.ensure_pool(ctx, 40_000)
     cases = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1), (4_096, 32_768, 1)]
-    for n, c, r in cases[:args.cases]:
+    cases = cases[:args.cases]
+    if args.case:
+        cases = [tuple(int(v) for v in c.split(":")) for c in args.case]
+    split_counts = [int(v) for v in args.splits.split(",") if v]
+    for n, c, r in cases:
         case = wl.PrefillCase(n, c, r)
         tr = wl.prefill_traffic(case)
         _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 1)
@@ -155,7 +165,7 @@ def main(argv=None) -> int:
                          ("gluon nb4", functools.partial(gluon, 4)),
                          ("gluon no-topk (SOL)", functools.partial(gluon, sol=1))]
             variants += [(f"gluon splits {ns} (not compared)", functools.partial(gluon, ns=ns))
-                         for ns in (1, 2, 3, 4, 6) if ns != kw["NUM_SPLITS"]]
+                         for ns in split_counts if ns != kw["NUM_SPLITS"]]
         for name, fn in variants:
             if only and not any(name == x[:-1] if x.endswith("$") else name.startswith(x)
                                 for x in only):
