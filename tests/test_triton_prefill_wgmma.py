@@ -52,9 +52,16 @@ def test_dispatch_rule():
     assert big["scratch"] == 2 * big["cand"]
     tri = HZ.prefill_launch(512, 1023, 128, 132)
     assert tri["kernel"] == "triton" and tri["win"] == 32 and tri["ns"] == 3
-    # its own split target: about 2 programs per SM, at least 2, at most the Triton rule's
+    # its own split target: at most 2 programs per SM (no partial third wave), at least 2,
+    # at most the Triton rule's
     assert big["ns"] == 2
-    assert HZ.prefill_launch(128, 1023, 128, 132, wgmma=True)["ns"] == 3  # Triton: 9
+    assert HZ.prefill_launch(128, 1023, 128, 132, wgmma=True)["ns"] == 2  # Triton: 9
+    assert HZ.prefill_launch(32, 1023, 128, 132, wgmma=True)["ns"] == 8  # 256 <= 264 programs
+    assert HZ.prefill_launch(64, 1023, 128, 132, wgmma=True)["ns"] == 4
+    for blocks in (1, 7, 32, 33, 64, 100, 128, 132, 200, 264):
+        lp = HZ.prefill_launch(blocks, 1023, 128, 132, wgmma=True)
+        if lp["kernel"] == "wgmma":  # few blocks: the Triton rule's short splits keep < 16
+            assert lp["ns"] == 2 or blocks * lp["ns"] <= 2 * 132, (blocks, lp["ns"])
     assert HZ.prefill_launch(2048, 1023, 128, 132, wgmma=True)["ns"] == 1  # Triton: 1
     assert HZ.prefill_launch(512, 1023, 128, 132, num_splits=5, wgmma=True)["ns"] == 5
     assert HZ.prefill_launch(512, 1023, 64, 132, wgmma=True)["kernel"] == "triton"
