@@ -87,6 +87,18 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="1,2,3,4,6",
                     help="split counts of the 'gluon splits N' variants")
     args = ap.parse_args(argv)
+    try:
+        custom = [tuple(int(v) for v in c.split(":")) for c in args.case]
+    except ValueError:
+        custom = [()]
+    try:
+        split_counts = [int(v) for v in args.splits.split(",") if v]
+    except ValueError:
+        split_counts = [0]
+    if any(len(c) != 3 or min(c) < 1 for c in custom):
+        ap.error(f"--case: expected NEW:CONTEXT:REQS, positive ints, got {args.case}")
+    if any(ns < 1 for ns in split_counts):
+        ap.error(f"--splits: expected positive ints, got {args.splits!r}")
     only = [x for x in args.only.split(",") if x]
     from .. import workloads as wl
     from ..pool import random_index_q
@@ -99,8 +111,7 @@ def main(argv=None) -> int:
     cases = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1), (4_096, 32_768, 1)]
     cases = cases[:args.cases]
     if args.case:
-        cases = [tuple(int(v) for v in c.split(":")) for c in args.case]
-    split_counts = [int(v) for v in args.splits.split(",") if v]
+        cases = custom
     for n, c, r in cases:
         case = wl.PrefillCase(n, c, r)
         tr = wl.prefill_traffic(case)

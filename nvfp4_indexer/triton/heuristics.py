@@ -240,8 +240,9 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         ns = num_splits or prefill_num_splits(num_blocks, score_pages, num_sms)
         if (num_splits is None and wgmma and block_m in PREFILL_WGMMA_BLOCK_M
                 and keep_for_pages(cdiv(score_pages, ns)) == TOPK):
-            # one CTA of 12 warps per SM: at most two waves, never a partial third (H200:
-            # 32 row blocks x 9 splits = 2.2 waves took 1.35x 8 splits' time; docs/benchmarks.md)
+            # one CTA of 12 warps per SM: at most two waves up to SMs row blocks (H200: 32 row
+            # blocks x 9 splits = 2.2 waves took 1.33x 8 splits' time; docs/benchmarks.md);
+            # from SMs + 1 to 2 x SMs - 1 row blocks the floor of 2 splits overrides (unmeasured)
             ns = min(ns, max(2, PREFILL_WGMMA_PROGRAMS_PER_SM * num_sms // num_blocks))
     force_win1 = False
     while True:
