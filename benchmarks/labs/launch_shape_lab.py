@@ -57,18 +57,7 @@ def main(argv=None) -> int:
         return time_graph([fn], dev, graph_calls=args.calls).us
 
     b, q_len, heads, pages = 8, 8, 4, 782  # b8 x 100K: W = 782 pages of 128 tokens
-    rows = block_rows(q_len, heads)
-    num_blocks = b * pages + 1
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    cache = torch.randint(0, 256, (num_blocks, 128 * 72), dtype=torch.uint8, generator=gen)
-    cache = cache.to(dev)
-    # scale bytes <= 0x3F: positive, finite (no 0x7F / 0xFF NaN scales), at most 1.875
-    cache[:, 128 * 64:] &= 0x3F
-    bt = torch.randperm(num_blocks - 1, generator=gen)[: b * pages].view(b, pages).to(
-        torch.int32).to(dev)
-    q = torch.randint(0, 0x7E, (b * q_len, heads, 128), dtype=torch.uint8, generator=gen)
-    q = q.to(dev).view(torch.float8_e4m3fn)
-    scores = torch.empty(wg.scratch_elems(b, pages, rows), dtype=torch.float32, device=dev)
+    q, cache, bt, out, scores = _batch(b, pages, q_len, heads, dev)
     full = torch.full((b,), pages * 128, dtype=torch.int32, device=dev)
     none = torch.ones((b,), dtype=torch.int32, device=dev)
 
@@ -76,23 +65,35 @@ def main(argv=None) -> int:
         p = k * sms
         e1 = timed(lambda p=p: _empty_kernel[(p,)](x, 0, num_warps=1))
         e4 = timed(lambda p=p: _empty_kernel[(max(1, p // 4),)](x, 0, num_warps=4))
-        runs = {}
-        for name, sl in (("no page", none), ("b8x100K", full)):
-            launch = wg.PageScoreLaunch("mma", width=pages, query_len=q_len, num_heads=heads,
-                                        rows=rows, num_splits=1, num_reqs=b, programs=p)
-            score_only = launch.score
-
-            # the score kernel's arguments as ``PageScoreLaunch.__call__`` passes them
-            def call(sl=sl, launch=launch, score_only=score_only):
-                q8 = q.view(torch.uint8)
-                score_only((launch.programs,), q8, q8.stride(0), q8.stride(1), cache,
-                           cache.stride(0) // 16, num_blocks, bt, bt.stride(0), pages, sl,
-                           wg._device_table(dev), scores, b, launch.programs)
-            runs[name] = timed(call)
+        launch = wg.PageScoreLaunch("mma", width=pages, query_len=q_len, num_heads=heads,
+                                    rows=block_rows(q_len, heads), num_splits=1, num_reqs=b,
+                                    programs=p)
+        runs = {name: timed(lambda sl=sl: launch.run_score(q, cache, bt, sl, scores,
+                                                            num_blocks=cache.shape[0]))
+                for name, sl in (("no page", none), ("b8x100K", full))}
         print(f"P = {k:2d} x {sms} = {p:5d}: empty 1-warp {e1:6.2f} us, empty 4-warp "
               f"(P/4) {e4:6.2f} us, mma no page {runs['no page']:6.2f} us, "
               f"mma b8x100K (score kernel) {runs['b8x100K']:7.2f} us", flush=True)
     return 0
+
+
+def _batch(b: int, pages: int, q_len: int, heads: int, dev):
+    """A batch of b requests of ``pages`` distinct random pages each (Q = q_len, H = heads):
+    ``(q, cache, block_table, out, scores)``; scale bytes <= 0x3F (positive, finite, at most
+    1.875), one spare cache block."""
+    from nvfp4_indexer.triton import decode_wgmma as wg
+    from nvfp4_indexer.triton.heuristics import block_rows
+    num_blocks = b * pages + 1
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    cache = torch.randint(0, 256, (num_blocks, 128 * 72), dtype=torch.uint8, generator=gen)
+    cache[:, 128 * 64:] &= 0x3F
+    bt = torch.randperm(num_blocks - 1, generator=gen)[: b * pages].view(b, pages)
+    q = torch.randint(0, 0x7E, (b * q_len, heads, 128), dtype=torch.uint8, generator=gen)
+    out = torch.empty((b * q_len, heads, 16), dtype=torch.int32, device=dev)
+    scores = torch.empty(wg.scratch_elems(b, pages, block_rows(q_len, heads)),
+                         dtype=torch.float32, device=dev)
+    return (q.to(dev).view(torch.float8_e4m3fn), cache.to(dev), bt.to(torch.int32).to(dev),
+            out, scores)
 
 
 def _select_share(args) -> int:
@@ -107,33 +108,21 @@ def _select_share(args) -> int:
           "back-to-back launches (pages partly L2-warm)")
     for spec in args.select.split(","):
         b, pages = (int(v) for v in spec.split(":"))
-        num_blocks = b * pages + 1
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        cache = torch.randint(0, 256, (num_blocks, 128 * 72), dtype=torch.uint8, generator=gen)
-        cache[:, 128 * 64:] &= 0x3F  # positive, finite scale bytes
-        cache = cache.to(dev)
-        bt = torch.randperm(num_blocks - 1, generator=gen)[: b * pages].view(b, pages)
-        bt = bt.to(torch.int32).to(dev)
-        q = torch.randint(0, 0x7E, (b * q_len, heads, 128), dtype=torch.uint8, generator=gen)
-        q = q.to(dev).view(torch.float8_e4m3fn)
-        out = torch.empty((b * q_len, heads, 16), dtype=torch.int32, device=dev)
-        scores = torch.empty(wg.scratch_elems(b, pages, rows), dtype=torch.float32, device=dev)
+        q, cache, bt, out, scores = _batch(b, pages, q_len, heads, dev)
         sl = torch.full((b,), pages * 128, dtype=torch.int32, device=dev)
         launch = wg.PageScoreLaunch("mma", width=pages, query_len=q_len, num_heads=heads,
                                     rows=rows, num_splits=1, num_reqs=b,
                                     programs=MMA_PROGRAMS_PER_SM * sms)
-        q8 = q.view(torch.uint8)
+        n_blk = cache.shape[0]
 
         def score():
-            launch.score((launch.programs,), q8, q8.stride(0), q8.stride(1), cache,
-                         cache.stride(0) // 16, num_blocks, bt, bt.stride(0), pages, sl,
-                         wg._device_table(dev), scores, b, launch.programs)
+            launch.run_score(q, cache, bt, sl, scores, num_blocks=n_blk)
 
         def select():
             launch.select((b, launch.select_grid_y), scores, sl, pages, out)
 
         def both():
-            launch(q, cache, bt, sl, out, scores, num_blocks=num_blocks)
+            launch(q, cache, bt, sl, out, scores, num_blocks=n_blk)
 
         t = {n: time_graph([f], dev, graph_calls=args.calls).us
              for n, f in (("score", score), ("select", select), ("both", both))}

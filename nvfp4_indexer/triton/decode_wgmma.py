@@ -483,9 +483,20 @@ class PageScoreLaunch:
 
     def __call__(self, index_q, cache, block_table, seq_lens, out, scores, *,
                  num_blocks: int) -> None:
-        """Run both kernels (no allocation, no sync; capturable). ``scores``: fp32 scratch of
-        at least ``scratch_elems(B, W, rows)`` elements. Shapes are the caller's
-        (``decode.DecodeRunner``) to check.
+        """Run both kernels (no allocation, no sync; capturable): ``run_score``, then the
+        select into ``out``. ``scores``: fp32 scratch of at least ``scratch_elems(B, W, rows)``
+        elements. Shapes are the caller's (``decode.DecodeRunner``) to check.
+
+        Raises:
+            ValueError: as ``run_score``, before any launch."""
+        self.run_score(index_q, cache, block_table, seq_lens, scores, num_blocks=num_blocks)
+        self.select((block_table.shape[0], self.select_grid_y), scores, seq_lens,
+                    block_table.shape[1], out)
+
+    def run_score(self, index_q, cache, block_table, seq_lens, scores, *,
+                  num_blocks: int) -> None:
+        """The score kernel alone (``__call__``'s first launch; labs time it on its own): page
+        scores of every row into ``scores`` viewed as ``[B, N, W]``.
 
         Raises:
             ValueError: for "mma" / "wgflat" / "wgmma", a cache whose page stride is not a
@@ -515,7 +526,6 @@ class PageScoreLaunch:
             self.score((self.programs,), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0), num_blocks, block_table, block_table.stride(0), width,
                        seq_lens, table.view(torch.uint8), scores, b, self.programs)
-        self.select((b, self.select_grid_y), scores, seq_lens, width, out)
 
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,

@@ -133,13 +133,12 @@ def _prmt(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return out
 
 
-_PTX_OPERANDS = {"and.b32": 3, "shr.u32": 3, "shl.b32": 3, "mul.hi.u32": 3, "prmt.b32": 4,
-                 "lop3.b32": 5}
+_PTX_OPERANDS = {"and.b32": 3, "shr.u32": 3, "shl.b32": 3, "prmt.b32": 4, "lop3.b32": 5}
 
 
 def ptx_emulate(asm: str, inputs: dict) -> dict:
     """Replay an inline-PTX block of ``LUT_ASM``'s instruction set on the host (tests): 32-bit
-    ``and`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` / ``mul.hi.u32`` and ``mov.b64``
+    ``and`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` and ``mov.b64``
     splits; one statement per ``;``, operands are registers, ``$n`` and integer literals.
     ``inputs``: ``{"$8": int64 tensor [N], ...}``, one element per thread (a 64-bit operand is
     split little-endian by ``mov.b64``; 32-bit ones are read modulo 2^32). Returns every
@@ -173,8 +172,6 @@ def ptx_emulate(asm: str, inputs: dict) -> dict:
                     r = v[0] >> v[1]
                 elif op == "shl.b32":
                     r = (v[0] << v[1]) & m32
-                elif op == "mul.hi.u32":
-                    r = ((v[0] * v[1]) >> 32) & m32
                 elif op == "prmt.b32":
                     r = _prmt(v[0], v[1], torch.as_tensor(v[2]))
                 else:  # lop3.b32
