@@ -35,7 +35,8 @@ DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_
 PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
                      caps_ptr="*i32", blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64",
-                     win_ptr="*fp32", out_ptr="*i32")
+                     win_ptr="*fp32", out_ptr="*i32", cache_ptr="*u8", page_stride="i32",
+                     bt_ptr="*i32", bt_row_stride="i32", tbl_ptr="*i64")
 
 
 def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_stages: int,
@@ -184,22 +185,28 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
                           target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0):
+def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False,
+                          conv="lut"):
     """The Gluon prefill score kernel (``triton.prefill_wgmma``) for SM90, specialized as
-    ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128)."""
+    ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128); ``direct``:
+    ``prefill_wgmma_direct_kernel`` (pages read from the cache; aligned cache)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from nvfp4_indexer.triton.prefill_wgmma import (NUM_BUFFERS, launch_options,
+                                                    prefill_wgmma_direct_kernel,
                                                     prefill_wgmma_kernel)
-    fn = prefill_wgmma_kernel
+    fn = prefill_wgmma_direct_kernel if direct else prefill_wgmma_kernel
     opts = dict(launch_options())
     num_warps = opts.pop("num_warps")
     consts = dict(H=heads, BLOCK_M=128, NUM_SPLITS=num_splits, SOL=sol,
                   NB=NUM_BUFFERS if nb is None else nb, **opts)
+    if direct:
+        consts["CONV"] = conv
     sig = {n: "constexpr" if n in consts else PREFILL_TYPES[n] for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "ws_ptr")}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
+             for n in ("q_ptr", "cache_ptr" if direct else "ws_ptr")}
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
@@ -209,8 +216,9 @@ def prefill_wgmma_report() -> list[str]:
     ``setmaxnreg``), spills and the consumers' page loop (two pages per iteration) of the Gluon
     prefill score kernel, per variant."""
     lines = []
-    for ns, nb, sol in ((4, None, 0), (1, None, 0), (4, 3, 0), (4, None, 1)):
-        k = compile_prefill_wgmma(num_splits=ns, nb=nb, sol=sol)
+    for ns, nb, sol, direct in ((4, None, 0, False), (1, None, 0, False), (4, 3, 0, False),
+                                (4, None, 1, False), (4, None, 0, True)):
+        k = compile_prefill_wgmma(num_splits=ns, nb=nb, sol=sol, direct=direct)
         st = sass_stats(k)
         inner = [(n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16]
         inner = sorted(inner)[:2]  # the two consumers' page loops (the workers' loop holds one)
@@ -219,7 +227,8 @@ def prefill_wgmma_report() -> list[str]:
         regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
                                                    ptx)})
         lines.append(f"prefill_wgmma NUM_SPLITS {ns} NB {nb or 'default'}"
-                     f"{' SOL (no top-k)' if sol else ''}: {st['registers']} registers at launch "
+                     f"{' SOL (no top-k)' if sol else ''}{' direct' if direct else ''}: "
+                     f"{st['registers']} registers at launch "
                      f"(setmaxnreg {regs}), {st['spill_ops']} LDL/STL "
                      f"({sum(sp for _, sp in inner)} in the page loops), consumer page loop "
                      f"bodies (2 pages) {page} SASS instructions, {k.metadata.num_warps} warps, "

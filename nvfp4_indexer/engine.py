@@ -583,6 +583,12 @@ class Indexer:
         self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
         from .triton.heuristics import prefill_wgmma_ok
         self._wgmma = prefill_wgmma_ok(dev, self._dot, self._tokens_n)  # the Gluon scorer
+        from .triton.heuristics import PREFILL_DIRECT
+        # its chunks may read the cache directly (no gather) when the cache allows it
+        self._direct = self._wgmma and PREFILL_DIRECT
+        if self._direct:
+            from .triton.decode_wgmma import _device_table
+            self._lut = _device_table(dev)
         from .triton.config import PrefillConfig
         self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
         self._ws8 = self.workspace.view(torch.uint8)
@@ -1007,7 +1013,7 @@ class Indexer:
                 for r0 in range(_MAX_GRID_Y, n, _MAX_GRID_Y):  # CUDA's grid y limit
                     gather.append(((x, min(n, r0 + _MAX_GRID_Y) - r0),
                                    (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
-            static, score, merge, cand, win = tpl
+            static, score, merge, cand, win, direct = tpl
             # the score kernel reads ws offsets at (request - a): blocks name step requests
             launch = static.copy()
             launch.update(max_gather=max_gather, gather=gather, gather_pages=gpages, width=width,
@@ -1015,6 +1021,10 @@ class Indexer:
                           score_args=(ws8, ws_off, a, qsl_d, seq_lens, caps, blk, nb, cand,
                                       win),
                           score=score,
+                          # pages read from the cache by forward when it is aligned: no gather
+                          direct=None if direct is None else
+                          (direct, (bt, bt_stride, self._lut, a, qsl_d, seq_lens, caps, blk, nb,
+                                    cand)),
                           merge=None if merge is None else
                           ((nb, merge[0]), (cand, qsl_d, seq_lens, caps, blk, nb), merge[1]))
             chunks.append(PrefillChunk(
@@ -1038,10 +1048,16 @@ class Indexer:
             ns, keep = L["ns"], L["keep"]
             from .triton.launcher import CachedLaunch
             sk, mk = self._kernels
+            direct = None
             if L["kernel"] == "wgmma":
-                from .triton.prefill_wgmma import launch_options, prefill_wgmma_kernel
+                from .triton.prefill_wgmma import (launch_options, prefill_wgmma_direct_kernel,
+                                                   prefill_wgmma_kernel)
                 score = CachedLaunch(prefill_wgmma_kernel, H=self.config.num_heads,
                                      BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
+                if self._direct:
+                    direct = CachedLaunch(prefill_wgmma_direct_kernel,
+                                          H=self.config.num_heads, BLOCK_M=block_m,
+                                          NUM_SPLITS=ns, **launch_options())
             else:
                 score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m,
                                      NUM_SPLITS=ns, DOT=self._dot, WINDOW=L["win"], KEEP=keep,
@@ -1055,7 +1071,7 @@ class Indexer:
                                       NUM_SPLITS=ns, SPLITS_PAD=L["splits_pad"], ROWS=mrows,
                                       KEEP=keep, num_warps=warps))
             cand, win = self._scratch_views(L["cand"], L["win_elems"])
-            got = self._templates[key] = (L, score, merge, cand, win)
+            got = self._templates[key] = (L, score, merge, cand, win, direct)
         return got
 
     def _stage_row_blocks(self, dst: np.ndarray, a: int, q_lens: list, nblk: list,
@@ -1236,7 +1252,8 @@ class Indexer:
                                        name="block_table")
 
     def _triton_prefill(self, index_q, cache, md, out) -> None:
-        """Every chunk's planned launches: gather into the workspace, score, merge. The
+        """Every chunk's planned launches: gather into the workspace, score, merge (a Gluon
+        chunk reads its pages straight from an aligned cache instead: no gather). The
         staged row offsets are absolute: the kernels take all of ``index_q`` and ``out``."""
         cs = cache.stride(0)
         n_cache = cache.shape[0]
@@ -1244,16 +1261,22 @@ class Indexer:
         ws8 = self._ws8
         ws_pages = ws8.shape[0]
         q8 = None
+        aligned = cache.data_ptr() % 16 == 0 and cs % 16 == 0  # heuristics.prefill_direct_ok
         for ch in md.prefill_chunks:
             L = ch.launch
-            gather = gathers[L["gather_pages"]]
-            for grid, (bt, bts, pages, off) in L["gather"]:
-                gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
-                       n_cache)
+            d = L["direct"] if aligned else None
+            if d is None:
+                gather = gathers[L["gather_pages"]]
+                for grid, (bt, bts, pages, off) in L["gather"]:
+                    gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
+                           n_cache)
             if q8 is None:  # after the first gather launch (host time before it)
                 q8 = index_q.view(torch.uint8)
                 qs = q8.stride()
-            L["score"](L["score_grid"], q8, qs[0], qs[1], *L["score_args"], out)
+            if d is None:
+                L["score"](L["score_grid"], q8, qs[0], qs[1], *L["score_args"], out)
+            else:
+                d[0](L["score_grid"], q8, qs[0], qs[1], cache, cs, *d[1], out)
             m = L["merge"]
             if m is not None:
                 m[2](m[0], *m[1], out)

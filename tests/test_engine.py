@@ -262,20 +262,29 @@ def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check")
-def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch):
+@pytest.mark.parametrize("direct", [False, True])
+def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     """The Indexer's Gluon prefill branch (``_setup_triton``'s ``prefill_wgmma_ok``,
     ``_launch_template``'s ``kernel``) on the CPU, with the Triton twin in the Gluon kernel's
     place under its contract (window 1, KEEP 16, no window scratch): the 18-page chunk (2
     splits of 9 pages) takes it, with the real kernel's runtime arity, and the 16-page chunk
     (8 pages per split) the Triton kernel; rows equal the public ops, the rest stays
-    poisoned. (The dispatched BLOCK_M set is widened to this small step's.)"""
+    poisoned. (The dispatched BLOCK_M set is widened to this small step's.) ``direct``: the
+    Gluon chunk reads the cache with the direct kernel's twin (no gather launch), with the
+    real direct kernel's runtime arity."""
     from nvfp4_indexer import engine
     from nvfp4_indexer.triton import heuristics as hz
     from nvfp4_indexer.triton import prefill as tp
     from nvfp4_indexer.triton import prefill_wgmma as pw
     from nvfp4_indexer.triton.launcher import CachedLaunch
     real, real_options = pw.prefill_wgmma_kernel, pw.launch_options()
+    real_direct = pw.prefill_wgmma_direct_kernel
     monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
+    monkeypatch.setattr(hz, "PREFILL_DIRECT", direct)
+    monkeypatch.setattr(pw, "prefill_wgmma_direct_kernel", tp._prefill_direct_score_kernel)
+    gathers = []
+    monkeypatch.setattr(engine.Indexer, "_triton_prefill", _counting_gathers(
+        engine.Indexer._triton_prefill, gathers))
     monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
     monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))  # this step's BLOCK_M
     monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
@@ -298,13 +307,44 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch):
                 ref = CachedLaunch(real, H=H, BLOCK_M=128, NUM_SPLITS=ch.launch["ns"],
                                    **real_options)
                 assert ref.num_runtime == 3 + len(ch.launch["score_args"]) + 1
+                assert (ch.launch["direct"] is not None) == direct
+                if direct:
+                    ref = CachedLaunch(real_direct, H=H, BLOCK_M=128,
+                                       NUM_SPLITS=ch.launch["ns"], **real_options)
+                    assert ref.num_runtime == 3 + 2 + len(ch.launch["direct"][1]) + 1
         assert kinds == [(True, 2), (False, 2)], kinds
         rows = sum(q_lens)
         q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=26)
         assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
         assert bool((out[rows:] == POISON).all())
+        assert gathers == ([False, True] if direct else [True, True]), gathers
     finally:
         engine._prefill_launch.cache_clear()
+
+
+def _counting_gathers(fn, record):
+    """``Indexer._triton_prefill`` recording, per chunk, whether it launched a gather."""
+    def wrapped(self, index_q, cache, md, out):
+        orig = self._gather, self._gather_bytes
+        for ch in md.prefill_chunks:
+            launched = []
+
+            def spy(kind, launched=launched):
+                return {p: (lambda *a, _f=kind[p]: (launched.append(1), _f(*a))[1])
+                        for p in kind}
+            self._gather, self._gather_bytes = spy(orig[0]), spy(orig[1])
+            try:
+                fn(self, index_q, cache, _one_chunk(md, ch), out)
+            finally:
+                self._gather, self._gather_bytes = orig
+            record.append(bool(launched))
+    return wrapped
+
+
+def _one_chunk(md, ch):
+    """``md`` restricted to the prefill chunk ``ch``."""
+    import dataclasses
+    return dataclasses.replace(md, prefill_chunks=[ch])
 
 
 def test_plan_device_ops_are_the_copies():

@@ -202,12 +202,11 @@ def test_one_ring_buffer_is_refused():
     ([(1024, 40000), (64, 2100), (32, 2300), (16, 5000)], None, 16, None),
 ])
 def test_gpu_gluon_matches_triton_twin(specs, budget, num_splits, block_m):
-    """The Gluon kernel and its Triton twin select the same pages for every row (the same
-    products in the same fp32 wgmma order), the Gluon path was taken, and both match the
-    exact reference (tie-aware); pages with NaN scales in part or in whole are in the batch.
-    (Splits are set where the default would give at most 8 pages per split: those chunks take
-    the Triton kernel.)"""
-    from nvfp4_indexer.triton import prefill_wgmma as PW
+    """The Gluon kernel (pages from the workspace, and read straight from the cache) and its
+    Triton twin select the same pages for every row (the same products in the same fp32
+    wgmma order), the Gluon paths were taken, and all match the exact reference (tie-aware);
+    pages with NaN scales in part or in whole are in the batch. (Splits are set where the
+    default would give at most 8 pages per split: those chunks take the Triton kernel.)"""
     heads = 4
     batch, qsl = prefill_batch(specs, seed=len(specs) + 5, page_stride=9216)
     for blk, lo, hi in ((1, 8192, 8192 + 8 * 40), (3, 8192, 9216), (7, 8192, 9216)):
@@ -216,30 +215,64 @@ def test_gpu_gluon_matches_triton_twin(specs, budget, num_splits, block_m):
     q = random_q(t, heads, seed=t + 1)
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
-    outs, calls = {}, []
-    orig = PW.prefill_wgmma_kernel
+    outs = _run_kernels(batch, qsl, q, budget, num_splits, block_m,
+                        (("triton", False), ("wgmma", False), ("wgmma", True)))
+    assert torch.equal(outs["wgmma", False], outs["triton", False])
+    assert torch.equal(outs["wgmma", True], outs["triton", False])
+    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
+                                 with_magnitude=True)
+    check_selection(outs["wgmma", True], exact, mag, local_pages(batch.seq_lens, qsl), BITS)
 
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return orig[grid]
-    for kernel in ("triton", "wgmma"):
+
+def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs):
+    """``prefill_indexer`` outputs per ``(kernel, direct)`` of ``runs`` (poisoned, guards
+    checked), asserting which Gluon kernel each run launched."""
+    from nvfp4_indexer.triton import prefill_wgmma as PW
+    t, heads = q.shape[0], q.shape[1]
+    outs = {}
+    origs = {n: getattr(PW, n) for n in ("prefill_wgmma_kernel", "prefill_wgmma_direct_kernel")}
+    for kernel, direct in runs:
+        calls = []
+
+        def spy(name):
+            class Spy:
+                def __getitem__(self, grid):
+                    calls.append(name)
+                    return origs[name][grid]
+            return Spy()
         big, out = poisoned_out(t, heads)
-        cfg = PREFILL.PrefillConfig(kernel=kernel, num_splits=num_splits, block_m=block_m)
-        PW.prefill_wgmma_kernel = Spy()
+        cfg = PREFILL.PrefillConfig(kernel=kernel, num_splits=num_splits, block_m=block_m,
+                                    direct=direct)
+        for n in origs:
+            setattr(PW, n, spy(n))
         try:
             PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
                                     budget, out, config=cfg)
         finally:
-            PW.prefill_wgmma_kernel = orig
+            for n, f in origs.items():
+                setattr(PW, n, f)
         torch.cuda.synchronize()
         assert_guards(big)
-        outs[kernel] = out.clone()
-        assert bool(calls) == (kernel == "wgmma"), (kernel, calls)
-    assert torch.equal(outs["wgmma"], outs["triton"])
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    check_selection(outs["wgmma"], exact, mag, local_pages(batch.seq_lens, qsl), BITS)
+        outs[kernel, direct] = out.clone()
+        aligned = HZ.prefill_direct_ok(batch.cache)
+        want = set() if kernel == "triton" else {
+            "prefill_wgmma_direct_kernel" if direct and aligned else "prefill_wgmma_kernel"}
+        assert set(calls) == want, (kernel, direct, calls)
+    return outs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)),
+                    reason="needs a CUDA SM90 GPU with Gluon")
+def test_gpu_direct_needs_an_aligned_cache():
+    """A cache whose page stride is not a multiple of 16 bytes is gathered into the workspace
+    (the direct kernel's 16-byte code loads need it); the selections are the same."""
+    batch, qsl = prefill_batch([(512, 20000), (64, 9000)], seed=71, page_stride=9224)
+    assert not HZ.prefill_direct_ok(batch.cache)
+    q = random_q(int(qsl[-1]), 4, seed=72)
+    budget = ref.max_gather_pages(batch.width * 128, int(qsl[-1]))
+    outs = _run_kernels(batch, qsl, q, budget, 2, None, (("triton", False), ("wgmma", True)))
+    assert torch.equal(outs["wgmma", True], outs["triton", False])
 
 
 def _twin_in_its_place(monkeypatch):
@@ -263,8 +296,18 @@ def _twin_in_its_place(monkeypatch):
                     *args, H=H, BLOCK_M=BLOCK_M, NUM_SPLITS=NUM_SPLITS, DOT="fp32", WINDOW=1,
                     KEEP=16, TOKENS_N=False)
             return launch
+    class DirectTwin:  # the direct kernel's twin: the Triton kernel reading the cache
+        def __getitem__(self, grid):
+            def launch(*args, H, BLOCK_M, NUM_SPLITS, **kw):
+                assert kw == options, kw
+                calls.append((grid, BLOCK_M, NUM_SPLITS, "direct"))
+                PREFILL._prefill_direct_score_kernel[grid](
+                    *args, H=H, BLOCK_M=BLOCK_M, NUM_SPLITS=NUM_SPLITS, DOT="fp32", WINDOW=1,
+                    KEEP=16, TOKENS_N=False)
+            return launch
     monkeypatch.setattr(HZ, "prefill_wgmma_ok", lambda *a: True)
     monkeypatch.setattr(PW, "prefill_wgmma_kernel", Twin())
+    monkeypatch.setattr(PW, "prefill_wgmma_direct_kernel", DirectTwin())
     return calls
 
 
@@ -287,14 +330,18 @@ def test_triton_knobs_select_the_triton_kernel(monkeypatch, knob):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU plumbing check (the GPU test runs the kernel)")
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("num_splits,block_m,gluon", [(1, 128, True), (2, 128, True),
                                                       (3, 128, False), (1, 64, False)])
-def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, gluon):
+def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, gluon, direct):
     """``prefill_indexer``'s Gluon branch (CPU, the twin in its place): a chunk whose splits keep
     16 with BLOCK_M 128 launches it with the contract's grid, constexprs and scratch
     (candidates ``[rows, splits, 16]`` or none, no window scratch); the output (written by the
     score kernel for one split, by the KEEP-16 merge otherwise) passes the reference judge.
-    At most 8 pages per split (3 splits of 18 pages) and BLOCK_M 64 take the Triton kernel."""
+    At most 8 pages per split (3 splits of 18 pages) and BLOCK_M 64 take the Triton kernel.
+    ``direct``: the Gluon chunks launch the direct kernel (its twin reads the cache) with
+    the chunk's block-table rows and request base (a budget of 17 pages: one request per
+    chunk, so request bases 0, 1, 2)."""
     calls = _twin_in_its_place(monkeypatch)
     specs = [(20, 2300), (3, 2200), (5, 40)]  # 18 / 17 pages, and short rows only
     batch, qsl = prefill_batch(specs, seed=61)
@@ -302,12 +349,13 @@ def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, g
     t, heads = int(qsl[-1]), 2
     q = random_q(t, heads, seed=62)
     big, out = poisoned_out(t, heads)
-    cfg = PREFILL.PrefillConfig(num_splits=num_splits, block_m=block_m)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, 10**6, out,
-                            config=cfg)
+    cfg = PREFILL.PrefillConfig(num_splits=num_splits, block_m=block_m, direct=direct)
+    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
+                            17 if direct else 10**6, out, config=cfg)
     assert_guards(big)
     assert bool(calls) == gluon, calls
-    assert all(c[1:] == (block_m, num_splits) for c in calls)
+    assert all(c[1:3] == (block_m, num_splits) for c in calls)
+    assert all((c[3:] == ("direct",)) == direct for c in calls), calls
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
                                  with_magnitude=True)
     check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)

@@ -28,6 +28,7 @@ import triton.language as tl
 
 import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
+from nvfp4_indexer.triton.lut import lut_table
 from nvfp4_indexer.triton import PrefillConfig
 from nvfp4_indexer.triton import prefill as tp
 from nvfp4_indexer.triton import heuristics as hz
@@ -167,6 +168,17 @@ def main(argv=None) -> int:
             pw.prefill_wgmma_kernel[g](*b, H=kw["H"], BLOCK_M=kw["BLOCK_M"],
                                        NUM_SPLITS=g[1], NB=nb, SOL=sol, **pw.launch_options())
 
+        tbl = lut_table(ctx.device)
+
+        def direct(conv="lut"):
+            # pages straight from the paged cache (no workspace): the same lists expected
+            cache, bt = ctx.pool.cache, tables[0][a[5]:]
+            assert cache.data_ptr() % 16 == 0 and cache.stride(0) % 16 == 0
+            pw.prefill_wgmma_direct_kernel[grid](
+                a[0], a[1], a[2], cache, cache.stride(0), bt, bt.stride(0), tbl, a[5], a[6],
+                a[7], a[8], a[9], a[10], a[11], a[13], H=kw["H"], BLOCK_M=kw["BLOCK_M"],
+                NUM_SPLITS=grid[1], CONV=conv, **pw.launch_options())
+
         variants = [("st2", base), ("st3", functools.partial(base, 3)),
                     ("fp16 ws", f16), ("fp16 ws st3", functools.partial(f16, 3)),
                     ("fp16 ws st4", functools.partial(f16, 4)),
@@ -174,7 +186,9 @@ def main(argv=None) -> int:
         if kw["KEEP"] == TOPK and kw["BLOCK_M"] in hz.PREFILL_WGMMA_BLOCK_M:
             variants += [("gluon", gluon), ("gluon nb3", functools.partial(gluon, 3)),
                          ("gluon nb4", functools.partial(gluon, 4)),
-                         ("gluon no-topk (SOL)", functools.partial(gluon, sol=1))]
+                         ("gluon no-topk (SOL)", functools.partial(gluon, sol=1)),
+                         ("gluon direct", direct),
+                         ("gluon direct arith", functools.partial(direct, "arith"))]
             variants += [(f"gluon splits {ns} (not compared)", functools.partial(gluon, ns=ns))
                          for ns in split_counts if ns != kw["NUM_SPLITS"]]
         for name, fn in variants:

@@ -201,6 +201,10 @@ class PrefillConfig(_Config):
             kernel; it takes no window, num_warps or num_stages); default: "wgmma" where it
             can run (``heuristics.prefill_wgmma_ok``) unless ``window`` or ``num_stages`` is
             given (Triton-kernel knobs: then "triton").
+        direct: chunks on the Gluon kernel read their pages straight from the cache
+            (``prefill_wgmma_direct_kernel``: no gather, no workspace; the same operands, so
+            the same selections) when the cache's base and page stride are 16-byte aligned;
+            False: gather into the workspace first; default ``heuristics.PREFILL_DIRECT``.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
@@ -214,9 +218,11 @@ class PrefillConfig(_Config):
     tokens_on_n: bool | None = None
     gather: GatherConfig = field(default_factory=GatherConfig)
     kernel: str | None = None
+    direct: bool | None = None
 
     def __post_init__(self):
         _choice("dot", self.dot, DOT_MODES)
+        _opt_bool("direct", self.direct)
         _choice("kernel", self.kernel, ("triton", "wgmma"))
         _ints(self, num_splits=dict(lo=1, hi=hz.MAX_SPLITS, optional=True),
               window=dict(choices=POW2_WINDOWS, optional=True),

@@ -50,6 +50,9 @@ PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel 
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
 PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
 PREFILL_WGMMA_PROGRAMS_PER_SM = 2  # its split target (one CTA per SM), at least 2 splits
+# Gluon chunks read their pages straight from the cache (``prefill_wgmma_direct_kernel``: no
+# gather, no workspace) when the cache allows it (``prefill_direct_ok``)
+PREFILL_DIRECT = True
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
@@ -273,6 +276,13 @@ def prefill_wgmma_ok(device, dot: str, tokens_on_n: bool) -> bool:
     GPU with Gluon (``decode_wgmma.wgmma_available``)."""
     from .decode_wgmma import wgmma_available
     return dot == "fp16" and bool(tokens_on_n) and wgmma_available(device)
+
+
+def prefill_direct_ok(cache) -> bool:
+    """Whether the Gluon prefill kernel may read ``cache`` (``uint8 [N, 128, 72]``) directly
+    (``prefill_wgmma_direct_kernel``): 16-byte aligned base and page stride (its 16-byte
+    code loads)."""
+    return cache.data_ptr() % 16 == 0 and cache.stride(0) % 16 == 0
 
 
 def plan_row_blocks(query_start_loc: list[int], seq_lens: list[int], num_heads: int,

@@ -133,13 +133,14 @@ def _prmt(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return out
 
 
-_PTX_OPERANDS = {"and.b32": 3, "shr.u32": 3, "shl.b32": 3, "prmt.b32": 4, "lop3.b32": 5}
+_PTX_OPERANDS = {"and.b32": 3, "xor.b32": 3, "shr.u32": 3, "shl.b32": 3, "prmt.b32": 4,
+                 "lop3.b32": 5, "mov.b32": 2}
 
 
 def ptx_emulate(asm: str, inputs: dict) -> dict:
     """Replay an inline-PTX block of ``LUT_ASM``'s instruction set on the host (tests): 32-bit
-    ``and`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` and ``mov.b64``
-    splits; one statement per ``;``, operands are registers, ``$n`` and integer literals.
+    ``and`` / ``xor`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` / ``mov`` and ``mov.b64``
+    splits (also the direct prefill converter's ``prefill_wgmma._F16X2_LUT_PTX``); one statement per ``;``, operands are registers, ``$n`` and integer literals.
     ``inputs``: ``{"$8": int64 tensor [N], ...}``, one element per thread (a 64-bit operand is
     split little-endian by ``mov.b64``; 32-bit ones are read modulo 2^32). Returns every
     register, ``$n`` outputs included, as int64 ``[N]`` tensors of 32-bit patterns.
@@ -168,6 +169,10 @@ def ptx_emulate(asm: str, inputs: dict) -> dict:
                 v = [regs[t] & m32 if not t[0].isdigit() else int(t, 0) & m32 for t in args]
                 if op == "and.b32":
                     r = v[0] & v[1]
+                elif op == "xor.b32":
+                    r = v[0] ^ v[1]
+                elif op == "mov.b32":
+                    r = v[0]
                 elif op == "shr.u32":
                     r = v[0] >> v[1]
                 elif op == "shl.b32":

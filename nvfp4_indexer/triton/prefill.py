@@ -55,11 +55,13 @@ from .config import PrefillConfig, check_config
 from .dot_modes import resolve_dot
 from .gather import gather_into
 from .heuristics import TOKENS_ON_N_DOTS, plan_row_blocks
-from .layout import WS_PAGE, scored_pages, split_range, ws_page_offset
+from .dequantize import dequant_code_tile
+from .layout import (CODE_BYTES, GROUPS, PAGE, SCALES_OFFSET, WS_PAGE, scored_pages,
+                     split_range, ws_page_offset)
 from .numerics import device_guard, portable_default
 from .operands import load_q_rows, load_q_t
 from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan_pages
-from .scoring import fp8_page_scores, fp8_page_scores_n
+from .scoring import fp8_page_scores, fp8_page_scores_n, fp8_tile_scores, fp8_tile_scores_n
 
 
 # seq_lens_ptr is a view at the step's first prefill request (Indexer): its alignment varies
@@ -94,6 +96,63 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
                      KEEP, WINDOW)
     finish_split(top, local, out_ptr + out_offsets(token, h, H), row_ok, cand_ptr,
                  (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
+
+
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "page_stride", "bt_row_stride",
+                              "req_base", "num_blocks"],
+            do_not_specialize_on_alignment=_SEQ_PTRS)
+def _prefill_direct_score_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stride,
+                                 bt_ptr, bt_row_stride, tbl_ptr, req_base, qsl_ptr,
+                                 seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
+                                 out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
+                                 WINDOW: tl.constexpr = 1, KEEP: tl.constexpr = 16,
+                                 TOKENS_N: tl.constexpr = False):
+    """``_prefill_score_kernel`` reading request r's page j straight from the paged cache
+    (block ``bt_ptr[(r - req_base) * bt_row_stride + j]``), dequantized to E4M3 (SPEC 1.4) in
+    the page loop: the workspace's bytes, so the same scores and lists as gather + score. The
+    Triton twin of ``prefill_wgmma.prefill_wgmma_direct_kernel`` (same runtime arguments;
+    ``tbl_ptr`` is not read; window scratch: none, so WINDOW must be 1). For CPU tests (the
+    interpreter) and GPU cross-checks; no launch path of the library takes it."""
+    tl.static_assert(WINDOW == 1, "the direct score kernel has no window scratch")
+    blk = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+                                              num_blocks, blk, rows, H)
+    n = scored_pages(tl.max(tl.where(row_ok, local, 0), 0))  # the block's largest L
+    start, end = split_range(n, split, NUM_SPLITS)
+    q_off = token * q_tok_stride + h * q_head_stride
+    if TOKENS_N:
+        q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)
+    else:
+        q_op = load_q_t(q_ptr, q_off, row_ok, DOT)
+    r = tl.load(blk_ptr + blk)
+    bt_row = bt_ptr + (r - req_base).to(tl.int64) * bt_row_stride
+    # no window: win_ptr (cand_ptr here) is not read
+    top = scan_pages(start, end, local, (cache_ptr, page_stride, bt_row), (q_op,), cand_ptr, 0,
+                     0, 1, _cache_page_scores, DOT, TOKENS_N, BLOCK_M, KEEP, WINDOW)
+    finish_split(top, local, out_ptr + out_offsets(token, h, H), row_ok, cand_ptr,
+                 (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
+
+
+@triton.jit
+def _cache_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
+    """fp32 ``[BLOCK_M]`` scores of request page j read from the cache (``page_src = (cache,
+    page stride, the request's block-table row)``), dequantized to E4M3 bytes first (the
+    integer-bit encoder: the interpreter's fp8 casts are not trusted)."""
+    cache_ptr, page_stride, bt_row = page_src
+    q_op, = q_ops
+    page = cache_ptr + tl.load(bt_row + j).to(tl.int64) * page_stride
+    i = tl.arange(0, CODE_BYTES)[None, :]
+    t = tl.arange(0, PAGE)[:, None]
+    codes = tl.load(page + t * CODE_BYTES + i)
+    scales = tl.load(page + SCALES_OFFSET + t * GROUPS + i // 8)
+    kb = dequant_code_tile(codes, scales, True, False)
+    if TOKENS_N:
+        return fp8_tile_scores_n(kb, q_op, DOT)
+    else:
+        return fp8_tile_scores(kb, q_op, DOT)
 
 
 @triton.jit
@@ -165,15 +224,15 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     need = hz.gather_pages_needed(sl)
     chunks = plan_chunks(need, max(max_gather_pages, max(need)))
     ws_pages = max(sum(need[a:b]) for a, b in chunks)
-    workspace = torch.empty((max(ws_pages, 1), PAGE_SIZE, HEAD_DIM), dtype=torch.float8_e4m3fn,
-                            device=dev)
+    direct = wgmma and (hz.PREFILL_DIRECT if cfg.direct is None else cfg.direct) \
+        and hz.prefill_direct_ok(cache)
+    workspace = None  # allocated for the first chunk that gathers
     longest = max(qsl[i + 1] - qsl[i] for i in range(num_reqs))
     block_m = cfg.block_m or hz.prefill_block_m(longest, h)
     if cfg.window is not None and cfg.window * block_m > hz.MAX_WINDOW_ELEMS:
         raise ValueError(f"window: expected window * BLOCK_M <= {hz.MAX_WINDOW_ELEMS}, got "
                          f"{cfg.window} * {block_m}")
     q8 = index_q.view(torch.uint8)
-    ws8 = workspace.view(torch.uint8)
     num_sms = hz.num_sms(dev)
     for a, b in chunks:
         reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(a, b))
@@ -183,20 +242,33 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
             offsets.append(offsets[-1] + n)
         meta = torch.tensor(reqs + row0s + offsets, dtype=torch.int32).to(dev)
         blocks, ws_off = meta[:2 * nb], meta[2 * nb:]
-        if offsets[-1]:
-            gather_into(cache, block_table[a:b], ws_off[1:] - ws_off[:-1], ws_off, workspace,
-                        max(need[a:b]), lengths_are_seq_lens=False, portable=portable,
-                        config=cfg.gather)
         score_pages = max(p if p > hz.SHORT_MAX_LOCAL else 0 for p in pages)
         launch = hz.prefill_launch(nb, score_pages, block_m, num_sms,
                                    num_splits=cfg.num_splits, window=cfg.window, wgmma=wgmma)
+        from_cache = direct and launch["kernel"] == "wgmma"  # no gather, no workspace
+        if not from_cache and workspace is None:
+            workspace = torch.empty((max(ws_pages, 1), PAGE_SIZE, HEAD_DIM),
+                                    dtype=torch.float8_e4m3fn, device=dev)
+        if offsets[-1] and not from_cache:
+            gather_into(cache, block_table[a:b], ws_off[1:] - ws_off[:-1], ws_off, workspace,
+                        max(need[a:b]), lengths_are_seq_lens=False, portable=portable,
+                        config=cfg.gather)
         ns, keep, win = launch["ns"], launch["keep"], launch["win"]
         cand = torch.empty((max(launch["cand"], 1),), dtype=torch.int64, device=dev)
         scratch = torch.empty((max(launch["win_elems"], 1),), dtype=torch.float32, device=dev)
+        ws8 = None if workspace is None else workspace.view(torch.uint8)
         args = (q8, q8.stride(0), q8.stride(1), ws8, ws_off, a, cu_seqlens_q, seq_lens,
                 seq_lens, blocks, nb, cand, scratch, out)
         with device_guard(dev):
-            if launch["kernel"] == "wgmma":
+            if from_cache:
+                from .decode_wgmma import _device_table
+                from .prefill_wgmma import launch_options, prefill_wgmma_direct_kernel
+                bt = block_table[a:b]  # rows of requests a..b-1: the kernel reads r - a
+                prefill_wgmma_direct_kernel[(nb, ns)](
+                    q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), bt, bt.stride(0),
+                    _device_table(dev), a, cu_seqlens_q, seq_lens, seq_lens, blocks, nb,
+                    cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
+            elif launch["kernel"] == "wgmma":
                 from .prefill_wgmma import launch_options, prefill_wgmma_kernel
                 prefill_wgmma_kernel[(nb, ns)](*args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
                                                **launch_options())

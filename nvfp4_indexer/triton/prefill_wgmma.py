@@ -45,8 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .layout import (HEAD, HISTORY, PAGE, TOPK, WS_PAGE, scored_pages, split_range,
-                     ws_page_offset)
+from .layout import (CODE_BYTES, GROUPS, HEAD, HISTORY, PAGE, SCALES_OFFSET, TOPK, WS_PAGE,
+                     scored_pages, split_range, ws_page_offset)
 from .scan import block_rows_info, out_offsets
 from .topk import EMPTY, candidate_id, pack_candidate
 
@@ -121,6 +121,159 @@ def _converter(ws_page0, start, end, k_smem, full, empty, LD: gl.constexpr,
             nxt = ws_page0 + ws_page_offset(gl.minimum(start + kk + 1, end - 1))
             lo = _load_tile(nxt, tok, all_tok, LD)
             buf.slice(HALF, HALF).store(_as_f16(hi))
+            fence_async_shared()
+            mbarrier.arrive(full.index(i))
+
+
+# Direct converter (``prefill_wgmma_direct_kernel``): one asm call per uint32 word of 4 code
+# bytes (8 dims) of a group; outputs $0..$3: f16x2 of (low nibble, high nibble) of code byte
+# 0..3, i.e. dims 2b, 2b + 1 in memory order, the fp16 of dequant_e4m3 (SPEC 1.4).
+#
+# "arith": ``ptx.DEQUANT_E4M3_BYTES_PTX``'s steps up to its NaN fix, then each E4M3 byte pair
+# widened back to f16x2. $4: the code word, $5: the group's scale byte in bits 0..7 and 8..15.
+_F16X2_ARITH_PTX = gl.constexpr("""{
+.reg .b32 w4, x0, x1, x2, x3, k14, s, r0, r1, n0, n1;
+.reg .b16 e0, e1, e2, e3, sb;
+mov.b32 k14, 0x74007400;
+shl.b32 w4, $4, 4;
+prmt.b32 x0, w4, $4, 0xC480;
+prmt.b32 x1, w4, $4, 0xD591;
+prmt.b32 x2, w4, $4, 0xE6A2;
+prmt.b32 x3, w4, $4, 0xF7B3;
+shl.b32 x0, x0, 5;
+shl.b32 x1, x1, 5;
+shl.b32 x2, x2, 5;
+shl.b32 x3, x3, 5;
+and.b32 x0, x0, 0x8E008E00;
+and.b32 x1, x1, 0x8E008E00;
+and.b32 x2, x2, 0x8E008E00;
+and.b32 x3, x3, 0x8E008E00;
+mul.rn.f16x2 x0, x0, k14;
+mul.rn.f16x2 x1, x1, k14;
+mul.rn.f16x2 x2, x2, k14;
+mul.rn.f16x2 x3, x3, k14;
+cvt.u16.u32 sb, $5;
+cvt.rn.f16x2.e4m3x2 s, sb;
+mul.rn.f16x2 x0, x0, s;
+mul.rn.f16x2 x1, x1, s;
+mul.rn.f16x2 x2, x2, s;
+mul.rn.f16x2 x3, x3, s;
+cvt.rn.satfinite.e4m3x2.f16x2 e0, x0;
+cvt.rn.satfinite.e4m3x2.f16x2 e1, x1;
+cvt.rn.satfinite.e4m3x2.f16x2 e2, x2;
+cvt.rn.satfinite.e4m3x2.f16x2 e3, x3;
+mov.b32 r0, {e0, e1};
+mov.b32 r1, {e2, e3};
+and.b32 n0, r0, 0x7F7F7F7F;
+and.b32 n1, r1, 0x7F7F7F7F;
+add.u32 n0, n0, 0x01010101;
+add.u32 n1, n1, 0x01010101;
+lop3.b32 r0, r0, n0, 0x80808080, 0x70;
+lop3.b32 r1, r1, n1, 0x80808080, 0x70;
+mov.b32 {e0, e1}, r0;
+mov.b32 {e2, e3}, r1;
+cvt.rn.f16x2.e4m3x2 $0, e0;
+cvt.rn.f16x2.e4m3x2 $1, e1;
+cvt.rn.f16x2.e4m3x2 $2, e2;
+cvt.rn.f16x2.e4m3x2 $3, e3;
+}""")
+
+# "lut": ``lut.lut_table``'s formula, fp16 bits = (T[s][c & 7] << 7) | (sign(c) ^ sign(s)) << 15.
+# $4: the code word, $5 / $6: the low / high word of the table row of the group's scale byte,
+# $7: 0x88888888 for a negative scale (flips the code signs), else 0. Two byte permutes look
+# up the 8 magnitudes; per output pair one permute spreads two of them to bytes 0 and 2, a
+# shift moves them to fp16 bits 7..14, and one permute + lop3 put the two signs on bits 15, 31
+# (the low nibble's sign is bit 7 of the code byte shifted left by 4).
+_F16X2_LUT_PTX = gl.constexpr("""{
+.reg .b32 v, v4, m, ma, mb, z, t, g;
+xor.b32 v, $4, $7;
+shl.b32 v4, v, 4;
+and.b32 m, v, 0x77777777;
+prmt.b32 ma, $5, $6, m;
+shr.u32 m, m, 16;
+prmt.b32 mb, $5, $6, m;
+mov.b32 z, 0;
+prmt.b32 t, ma, z, 0x5140;
+shl.b32 t, t, 7;
+prmt.b32 g, v, v4, 0x0040;
+lop3.b32 $0, t, g, 0x80008000, 0xF8;
+prmt.b32 t, ma, z, 0x5342;
+shl.b32 t, t, 7;
+prmt.b32 g, v, v4, 0x1151;
+lop3.b32 $1, t, g, 0x80008000, 0xF8;
+prmt.b32 t, mb, z, 0x5140;
+shl.b32 t, t, 7;
+prmt.b32 g, v, v4, 0x2262;
+lop3.b32 $2, t, g, 0x80008000, 0xF8;
+prmt.b32 t, mb, z, 0x5342;
+shl.b32 t, t, 7;
+prmt.b32 g, v, v4, 0x3373;
+lop3.b32 $3, t, g, 0x80008000, 0xF8;
+}""")
+
+
+@gluon.jit
+def _load_nvfp4_half(page, code_off, scale_off):
+    """Code words ``[64, 8, 2]`` (uint32) and scale bytes ``[64, 8]`` of one half page."""
+    return gl.load(page.to(gl.pointer_type(gl.uint32), bitcast=True) + code_off), \
+        gl.load(page + scale_off)
+
+
+@gluon.jit
+def _f16x2_words(words, scales, tbl_ptr, CONV: gl.constexpr):
+    """int32 ``[64, 64]``: f16x2 of dims (2b, 2b + 1) of code byte b of each token."""
+    if CONV == "lut":
+        row = gl.load(tbl_ptr + scales)  # int64 table row of each (token, group)
+        lo = gl.expand_dims(row.to(gl.uint32), 2) + gl.zeros_like(words)
+        hi = gl.expand_dims((row >> 32).to(gl.uint32), 2) + gl.zeros_like(words)
+        neg = gl.expand_dims((scales.to(gl.uint32) >> 7) * 0x88888888, 2) + gl.zeros_like(words)
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            _F16X2_LUT_PTX, "=r,=r,=r,=r,r,r,r,r", [words, lo, hi, neg],
+            dtype=(gl.uint32, gl.uint32, gl.uint32, gl.uint32), is_pure=True, pack=1)
+    else:
+        s = gl.expand_dims(scales.to(gl.uint32) * 0x101, 2) + gl.zeros_like(words)
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            _F16X2_ARITH_PTX, "=r,=r,=r,=r,r,r", [words, s],
+            dtype=(gl.uint32, gl.uint32, gl.uint32, gl.uint32), is_pure=True, pack=1)
+    # [64, 8 groups, 2 words, 4 bytes] -> [64, 64]: byte j = 2 i + k of join(join(o0, o2),
+    # join(o1, o3))[..., i, k]
+    x = gl.join(gl.join(o0, o2), gl.join(o1, o3))
+    return gl.reshape(x, [HALF, HEAD // 2]).to(gl.int32, bitcast=True)
+
+
+@gluon.jit
+def _converter_direct(cache_ptr, page_stride, bt_row, tbl_ptr, start, end, k_smem, full,
+                      empty, NB: gl.constexpr, CONV: gl.constexpr):
+    """The converter of ``prefill_wgmma_direct_kernel``: page ``start + kk`` read from the
+    cache (block ``bt_row[start + kk]``), dequantized to fp16 into buffer kk % NB."""
+    if end > start:
+        # 16 code bytes (two groups, four words) and their two scale bytes per thread and token
+        CL: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [4, 1, 1], [2, 1, 0])
+        SL: gl.constexpr = gl.SliceLayout(2, CL)
+        W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
+                                                  rank=2)
+        t = gl.arange(0, HALF, layout=gl.SliceLayout(1, SL))
+        g = gl.arange(0, GROUPS, layout=gl.SliceLayout(0, SL))
+        w = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
+        scale_off = SCALES_OFFSET + gl.expand_dims(t, 1) * GROUPS + gl.expand_dims(g, 0)
+        code_off = gl.expand_dims(gl.expand_dims(t, 1) * (CODE_BYTES // 4) +
+                                  gl.expand_dims(g, 0) * 2, 2) + \
+            gl.expand_dims(gl.expand_dims(w, 0), 1)  # in words
+        hi_c_off = code_off + HALF * (CODE_BYTES // 4)
+        hi_s_off = scale_off + HALF * GROUPS
+        page = cache_ptr + gl.multiple_of(gl.load(bt_row + start).to(gl.int64) * page_stride,
+                                          16)
+        lo_c, lo_s = _load_nvfp4_half(page, code_off, scale_off)
+        for kk in range(0, end - start):
+            i = kk % NB
+            hi_c, hi_s = _load_nvfp4_half(page, hi_c_off, hi_s_off)
+            nxt = gl.load(bt_row + gl.minimum(start + kk + 1, end - 1)).to(gl.int64)
+            mbarrier.wait(empty.index(i), ((kk // NB) & 1) ^ 1)
+            buf = k_smem.index(i)._reinterpret(gl.int32, [PAGE, HEAD // 2], W_SL)
+            buf.slice(0, HALF).store(_f16x2_words(lo_c, lo_s, tbl_ptr, CONV))
+            page = cache_ptr + gl.multiple_of(nxt * page_stride, 16)
+            lo_c, lo_s = _load_nvfp4_half(page, code_off, scale_off)
+            buf.slice(HALF, HALF).store(_f16x2_words(hi_c, hi_s, tbl_ptr, CONV))
             fence_async_shared()
             mbarrier.arrive(full.index(i))
 
@@ -211,6 +364,55 @@ def _consumer(c: gl.constexpr, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_
         gl.store(ptrs + slot, top)
 
 
+@gluon.jit
+def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
+             seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
+             page_stride, bt_ptr, bt_row_stride, tbl_ptr, H: gl.constexpr, BLOCK_M: gl.constexpr,
+             NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
+             TL: gl.constexpr, K_SL: gl.constexpr, NB: gl.constexpr, SOL: gl.constexpr,
+             DIRECT: gl.constexpr, CONV: gl.constexpr):
+    """One program of either kernel: pages from the FP8 workspace (DIRECT 0) or straight from
+    the paged NVFP4 cache through the block table (DIRECT 1)."""
+    blk = gl.program_id(0)
+    split = gl.program_id(1)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TL))
+    _t, _h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+                                            num_blocks, blk, rows, H)
+    n = scored_pages(gl.max(gl.where(row_ok, local, 0), 0))
+    start, end = split_range(n, split, NUM_SPLITS)
+    r = gl.load(blk_ptr + blk)
+    k_smem = gl.allocate_shared_memory(gl.float16, [NB, PAGE, HEAD], K_SL)
+    full = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NB):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    # partitions get scalars and shared memory only (tensors stay in the default partition)
+    if DIRECT:
+        bt_row = bt_ptr + (r - req_base).to(gl.int64) * bt_row_stride
+        gl.warp_specialize([
+            (_consumer, (0, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
+                         caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+            (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
+                         caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+            (_converter_direct, (cache_ptr, page_stride, bt_row, tbl_ptr, start, end, k_smem,
+                                 full, empty, NB, CONV))],
+            [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
+    else:
+        ws_page0 = ws_ptr + gl.load(ws_off_ptr + (r - req_base)).to(gl.int64) * WS_PAGE
+        gl.warp_specialize([
+            (_consumer, (0, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
+                         caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+            (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
+                         caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+            (_converter, (ws_page0, start, end, k_smem, full, empty, LD, NB))],
+            [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
+
+
 # the same runtime arguments (and value specializations) as the Triton twin
 @gluon.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"],
            do_not_specialize_on_alignment=["seq_lens_ptr", "caps_ptr"])
@@ -237,28 +439,35 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
     gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
     # one buffer deadlocks: page k - 1's buffer is released only after page k's full wait
     gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
-    blk = gl.program_id(0)
-    split = gl.program_id(1)
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TL))
-    _t, _h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
-                                            num_blocks, blk, rows, H)
-    n = scored_pages(gl.max(gl.where(row_ok, local, 0), 0))
-    start, end = split_range(n, split, NUM_SPLITS)
-    r = gl.load(blk_ptr + blk)
-    ws_page0 = ws_ptr + gl.load(ws_off_ptr + (r - req_base)).to(gl.int64) * WS_PAGE
-    k_smem = gl.allocate_shared_memory(gl.float16, [NB, PAGE, HEAD], K_SL)
-    full = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NB):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    # partitions get scalars and shared memory only (tensors stay in the default partition)
-    gl.warp_specialize([
-        (_consumer, (0, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr, caps_ptr,
-                     blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem, full, empty,
-                     H, NUM_SPLITS, MMA, TL, SOL, NB)),
-        (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr, caps_ptr,
-                     blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem, full, empty,
-                     H, NUM_SPLITS, MMA, TL, SOL, NB)),
-        (_converter, (ws_page0, start, end, k_smem, full, empty, LD, NB))],
-        [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
+    _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
+             seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, None, 0, None, 0,
+             None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "")
+
+
+@gluon.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks",
+                              "page_stride", "bt_row_stride"],
+           do_not_specialize_on_alignment=["seq_lens_ptr", "caps_ptr"])
+def prefill_wgmma_direct_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stride,
+                                bt_ptr, bt_row_stride, tbl_ptr, req_base, qsl_ptr,
+                                seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr,
+                                H: gl.constexpr, BLOCK_M: gl.constexpr,
+                                NUM_SPLITS: gl.constexpr, MMA: gl.constexpr,
+                                LD: gl.constexpr, TL: gl.constexpr, K_SL: gl.constexpr,
+                                NB: gl.constexpr = NUM_BUFFERS, SOL: gl.constexpr = 0,
+                                CONV: gl.constexpr = "lut"):
+    """``prefill_wgmma_kernel`` without the workspace (lab, issue 15): the converter reads
+    request r's page j straight from the paged cache, block ``bt_ptr[(r - req_base) *
+    bt_row_stride + j]`` at ``cache_ptr + block * page_stride`` (uint8, SPEC 2 layout: 64
+    code bytes per token, then 8 scale bytes per token from byte 8192), and writes the fp16
+    of dequant_e4m3 (SPEC 1.4), i.e. the workspace's values widened: the same operands, so
+    the same scores and lists as gather + ``prefill_wgmma_kernel``. ``CONV``: "lut" (the
+    table ``tbl_ptr``, int64 ``lut.lut_table()``) or "arith" (``tbl_ptr`` not read). Pages
+    16-byte aligned
+    (cache base and ``page_stride``: the caller checks); block ids valid for the pages scored
+    (SPEC 2)."""
+    gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
+    gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
+    _program(q_ptr, q_tok_stride, q_head_stride, None, None, req_base, qsl_ptr,
+             seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
+             page_stride, bt_ptr, bt_row_stride, tbl_ptr, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL,
+             K_SL, NB, SOL, 1, CONV)

@@ -88,7 +88,12 @@ def fp8_page_scores(page_ptr, q_t, DOT: tl.constexpr):
     """fp32 ``[BLOCK_M]`` scores of one FP8 workspace page (``[128 tokens, 128 dims]`` E4M3
     bytes, token-major, SPEC 2) for the rows of ``q_t`` (``operands.load_q_t``)."""
     t = tl.arange(0, PAGE)[:, None]
-    kb = tl.load(page_ptr + t * HEAD + tl.arange(0, HEAD)[None, :])
+    return fp8_tile_scores(tl.load(page_ptr + t * HEAD + tl.arange(0, HEAD)[None, :]), q_t, DOT)
+
+
+@triton.jit
+def fp8_tile_scores(kb, q_t, DOT: tl.constexpr):
+    """``fp8_page_scores`` of a page already in registers: E4M3 bytes ``kb [128, 128]``."""
     k = e4m3_operand(kb, DOT)
     acc = tl.dot(k, q_t, input_precision="ieee", out_dtype=tl.float32)
     return page_max(acc)
@@ -104,7 +109,13 @@ def fp8_page_scores_n(page_ptr, q_rows, DOT: tl.constexpr):
     is one NaN-ignoring max (``max.f32`` returns the non-NaN operand), NaN when all 128 are
     NaN (SPEC 4). GPU dot modes."""
     t = tl.arange(0, PAGE)[:, None]
-    kb = tl.load(page_ptr + t * HEAD + tl.arange(0, HEAD)[None, :])
+    return fp8_tile_scores_n(tl.load(page_ptr + t * HEAD + tl.arange(0, HEAD)[None, :]),
+                             q_rows, DOT)
+
+
+@triton.jit
+def fp8_tile_scores_n(kb, q_rows, DOT: tl.constexpr):
+    """``fp8_page_scores_n`` of a page already in registers: E4M3 bytes ``kb [128, 128]``."""
     k = e4m3_operand(kb, DOT)
     acc = tl.dot(q_rows, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
     return tl.max(acc, 1)
