@@ -204,6 +204,8 @@ def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False
                   NB=NUM_BUFFERS if nb is None else nb, **opts)
     if direct:
         consts["CONV"] = conv
+    else:
+        consts["WS16"] = 0
     sig = {n: "constexpr" if n in consts else PREFILL_TYPES[n] for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
              for n in ("q_ptr", "cache_ptr" if direct else "ws_ptr")}
@@ -223,6 +225,7 @@ def prefill_wgmma_report() -> list[str]:
         inner = [(n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16]
         inner = sorted(inner)[:2]  # the two consumers' page loops (the workers' loop holds one)
         page = [n for n, _ in inner]
+        conv = [n for n, hg in st["loops"] if hg == 0 and n > 100]  # the converter's page loop
         ptx = k.asm["ptx"]
         regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
                                                    ptx)})
@@ -231,7 +234,8 @@ def prefill_wgmma_report() -> list[str]:
                      f"{st['registers']} registers at launch "
                      f"(setmaxnreg {regs}), {st['spill_ops']} LDL/STL "
                      f"({sum(sp for _, sp in inner)} in the page loops), consumer page loop "
-                     f"bodies (2 pages) {page} SASS instructions, {k.metadata.num_warps} warps, "
+                     f"bodies (2 pages) {page} SASS instructions, converter page loop "
+                     f"{conv}, {k.metadata.num_warps} warps, "
                      f"{k.metadata.shared} B shared")
     return lines
 

@@ -144,14 +144,16 @@ _COMPILE = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
 from benchmarks.sass_stats import compile_prefill_wgmma, sass_stats
-for ns in (1, 4):
-    k = compile_prefill_wgmma(num_splits=ns)  # the launchers' specialization
+for ns, direct, conv in ((1, 0, ""), (4, 0, ""), (4, 1, "lut"), (4, 1, "arith")):
+    # the launchers' specialization
+    k = compile_prefill_wgmma(num_splits=ns, direct=bool(direct), conv=conv or "lut")
     st = sass_stats(k)
     inner = sorted((n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16)
     ptx = k.asm["ptx"]
     print(ns, st["registers"], k.metadata.num_warps, len(inner), sum(sp for _, sp in inner[:2]),
           st["spill_ops"], ptx.count("setmaxnreg.dec.sync.aligned.u32 \t104"),
-          ptx.count("setmaxnreg.dec.sync.aligned.u32 \t200"), k.metadata.shared)
+          ptx.count("setmaxnreg.dec.sync.aligned.u32 \t200"), k.metadata.shared,
+          sum(sp for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 0 and n > 100))
 '''
 
 
@@ -159,15 +161,51 @@ def test_compiles_offline_for_sm90():
     """sm_90a, no GPU, as the launchers specialize it: 12 warps at 168 registers, re-balanced
     to 200 per consumer thread and 104 per converter thread; each consumer's page loop holds
     two pages' MMAs (2 x 8 wgmma k-steps) and no spill instruction (a few outside the loops
-    with one split: the final selection); six fp16 page buffers in shared memory."""
+    with one split: the final selection); six fp16 page buffers in shared memory. The same
+    for the direct kernel with either converter, whose page loop holds no spill either."""
     assert HZ.PREFILL_WGMMA_BLOCK_M == (128,)
     lines = _offline(_COMPILE)
-    assert len(lines) == 2, lines
+    assert len(lines) == 4, lines
     for ln in lines:
-        ns, regs, warps, loops, loop_spills, spills, conv, cons, shared = map(int, ln.split())
+        ns, regs, warps, loops, loop_spills, spills, conv, cons, shared, conv_spills = map(
+            int, ln.split())
         assert regs == 168 and warps == 12 and loops >= 2 and loop_spills == 0, ln
+        assert conv_spills == 0, ln
         assert conv >= 1 and cons >= 1 and spills <= 8, ln
         assert shared >= 6 * 128 * 128 * 2, ln
+
+
+def _direct_lut_emulate(asm, codes, scales):
+    """The direct converter's lookup asm (``prefill_wgmma._F16X2_LUT_PTX``) replayed on the
+    host for groups given as ``lut.exhaustive_groups``: fp16 bits ``[N, 16]``."""
+    from nvfp4_indexer.triton import lut
+    words = codes.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N, 2]
+    row = lut.lut_table()[scales.long()]
+    out = []
+    for w in range(2):
+        regs = lut.ptx_emulate(asm, {"$4": words[:, w], "$5": row & 0xFFFFFFFF,
+                                     "$6": (row >> 32) & 0xFFFFFFFF,
+                                     "$7": (scales.long() >> 7) * 0x88888888})
+        for b in range(4):  # f16x2 of dims 8w + 2b (low half), 8w + 2b + 1
+            x = regs[f"${b}"]
+            out += [x & 0xFFFF, (x >> 16) & 0xFFFF]
+    return torch.stack(out, dim=1).to(torch.int32)
+
+
+def test_direct_lut_asm_bit_exact_on_host():
+    """The direct converter's lookup PTX text (the default ``CONV``), replayed on the host,
+    gives the reference dequant_e4m3 widened to fp16 for every (code, scale byte) pair in
+    every nibble position, dims in memory order (SPEC 1.4); one changed selector digit (a
+    sign taken from the wrong nibble) is caught."""
+    from nvfp4_indexer.triton import lut
+    from nvfp4_indexer.triton.prefill_wgmma import _F16X2_LUT_PTX
+    from test_triton_decode_wgmma import _strict_equal
+    codes, scales = lut.exhaustive_groups()
+    want = lut.reference_f16_bits(codes, scales)
+    _strict_equal(_direct_lut_emulate(_F16X2_LUT_PTX.value, codes, scales), want)
+    mutant = _F16X2_LUT_PTX.value.replace("0x1151", "0x0151", 1)
+    with pytest.raises(AssertionError):
+        _strict_equal(_direct_lut_emulate(mutant, codes, scales), want)
 
 
 _COMPILE_NB1 = r'''

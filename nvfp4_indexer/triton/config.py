@@ -201,10 +201,11 @@ class PrefillConfig(_Config):
             kernel; it takes no window, num_warps or num_stages); default: "wgmma" where it
             can run (``heuristics.prefill_wgmma_ok``) unless ``window`` or ``num_stages`` is
             given (Triton-kernel knobs: then "triton").
-        direct: chunks on the Gluon kernel read their pages straight from the cache
+        direct: True: chunks on the Gluon kernel read their pages straight from the cache
             (``prefill_wgmma_direct_kernel``: no gather, no workspace; the same operands, so
             the same selections) when the cache's base and page stride are 16-byte aligned;
-            False: gather into the workspace first; default ``heuristics.PREFILL_DIRECT``.
+            False: gather into the workspace first; default ``heuristics.PREFILL_DIRECT``
+            (False: slower on the H200).
     Raises:
         ValueError: a field of the wrong type or out of range.
     """

@@ -51,8 +51,10 @@ TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the 
 PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
 PREFILL_WGMMA_PROGRAMS_PER_SM = 2  # its split target (one CTA per SM), at least 2 splits
 # Gluon chunks read their pages straight from the cache (``prefill_wgmma_direct_kernel``: no
-# gather, no workspace) when the cache allows it (``prefill_direct_ok``)
-PREFILL_DIRECT = True
+# gather, no workspace) when the cache allows it (``prefill_direct_ok``). Off: on the H200
+# its dequantization's integer-pipe operations cost the kernel 1.2-1.24x, far more than the
+# gather it saves (docs/benchmarks.md, issue 15, eighth step)
+PREFILL_DIRECT = False
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)

@@ -33,6 +33,17 @@ Products are exact and accumulate in fp32 in the same wgmma K order as the twin'
 Registers: the consumers 200 each, the converter 104 (launched with 4 warps, 12 in all:
 ``launch_options``); no spills in the page loops (a few in the one-split final selection;
 ``python -m benchmarks.sass_stats --prefill-wgmma``).
+
+``prefill_wgmma_direct_kernel`` (opt-in: ``PrefillConfig(direct=True)``, off by default,
+``heuristics.PREFILL_DIRECT``) is the same program with another converter
+(``_converter_direct``): it reads each page's NVFP4 codes and scales straight from the paged
+cache through the block table and writes the fp16 of dequant_e4m3 (a table lookup,
+``lut.lut_table``'s formula, or the arithmetic of ``ptx.DEQUANT_E4M3_BYTES_PTX``): the
+workspace's values, so the same products and lists, with no gather and no workspace. Its
+converter loop is 503 (lookup) / 682 (arithmetic) SASS instructions per page against 275, and
+on the H200 the kernel is bound by the integer pipe those instructions share with the
+consumers' epilogues: 1.24x / 1.37x slower (docs/benchmarks.md, issue 15, eighth step).
+Its plain-Triton twin is ``prefill._prefill_direct_score_kernel``.
 """
 
 from __future__ import annotations
@@ -104,23 +115,28 @@ def _write_selection(keys, local, out_off, out_ptr, row_ok, slot):
 
 @gluon.jit
 def _converter(ws_page0, start, end, k_smem, full, empty, LD: gl.constexpr,
-               NB: gl.constexpr):
+               NB: gl.constexpr, WS16: gl.constexpr):
     """Converter partition (4 warps): page ``start + kk``'s E4M3 bytes widened to fp16 into
-    buffer kk % NB once both consumers released it (``empty``), then ``full`` arrived."""
+    buffer kk % NB once both consumers released it (``empty``), then ``full`` arrived.
+    WS16 (lab): the workspace holds fp16 values already (copied, not converted)."""
     if end > start:
-        tok = gl.arange(0, HALF, layout=gl.SliceLayout(1, LD)).to(gl.int64) * HEAD
+        if WS16:
+            L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        else:
+            L: gl.constexpr = LD
+        tok = gl.arange(0, HALF, layout=gl.SliceLayout(1, L)).to(gl.int64) * HEAD
         all_tok = tok >= 0
-        lo = _load_tile(ws_page0 + ws_page_offset(start), tok, all_tok, LD)
+        lo = _load_tile(ws_page0 + ws_page_offset(start), tok, all_tok, L)
         for kk in range(0, end - start):
             i = kk % NB
             page = ws_page0 + ws_page_offset(start + kk)
-            hi = _load_tile(page + HALF * HEAD, tok, all_tok, LD)
+            hi = _load_tile(page + HALF * HEAD, tok, all_tok, L)
             mbarrier.wait(empty.index(i), ((kk // NB) & 1) ^ 1)
             buf = k_smem.index(i)
-            buf.slice(0, HALF).store(_as_f16(lo))
+            buf.slice(0, HALF).store(lo if WS16 else _as_f16(lo))
             nxt = ws_page0 + ws_page_offset(gl.minimum(start + kk + 1, end - 1))
-            lo = _load_tile(nxt, tok, all_tok, LD)
-            buf.slice(HALF, HALF).store(_as_f16(hi))
+            lo = _load_tile(nxt, tok, all_tok, L)
+            buf.slice(HALF, HALF).store(hi if WS16 else _as_f16(hi))
             fence_async_shared()
             mbarrier.arrive(full.index(i))
 
@@ -370,7 +386,7 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
              page_stride, bt_ptr, bt_row_stride, tbl_ptr, H: gl.constexpr, BLOCK_M: gl.constexpr,
              NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
              TL: gl.constexpr, K_SL: gl.constexpr, NB: gl.constexpr, SOL: gl.constexpr,
-             DIRECT: gl.constexpr, CONV: gl.constexpr):
+             DIRECT: gl.constexpr, CONV: gl.constexpr, WS16: gl.constexpr):
     """One program of either kernel: pages from the FP8 workspace (DIRECT 0) or straight from
     the paged NVFP4 cache through the block table (DIRECT 1)."""
     blk = gl.program_id(0)
@@ -409,7 +425,7 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
             (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
                          caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
                          full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
-            (_converter, (ws_page0, start, end, k_smem, full, empty, LD, NB))],
+            (_converter, (ws_page0, start, end, k_smem, full, empty, LD, NB, WS16))],
             [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
 
 
@@ -421,7 +437,8 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
                          win_ptr, out_ptr, H: gl.constexpr, BLOCK_M: gl.constexpr,
                          NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
                          TL: gl.constexpr, K_SL: gl.constexpr,
-                         NB: gl.constexpr = NUM_BUFFERS, SOL: gl.constexpr = 0):
+                         NB: gl.constexpr = NUM_BUFFERS, SOL: gl.constexpr = 0,
+                         WS16: gl.constexpr = 0):
     """Prefill score program ``(row block, split)`` of grid ``(num_blocks, NUM_SPLITS)``
     (SPEC 4, 5, 7), BLOCK_M 128, launched with ``launch_options()`` (4 warps; the partitions
     add 8).
@@ -434,14 +451,15 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
     candidates ``[num_blocks * BLOCK_M, NUM_SPLITS, 16]`` (NUM_SPLITS > 1), ``out_ptr`` int32
     ``[Tp, H, 16]`` (NUM_SPLITS == 1); ``win_ptr`` is not read (no window). The caller
     guarantees KEEP == 16 (more than 8 pages per split), dot fp16 with tokens on N, and a
-    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers, >= 2) and
-    ``SOL`` (1: no top-k inserts, wrong lists)."""
+    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers, >= 2),
+    ``SOL`` (1: no top-k inserts, wrong lists) and ``WS16`` (1: ``ws_ptr`` is an fp16 copy of
+    the workspace, moved to shared memory without conversion: the converter's ALU cost)."""
     gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
     # one buffer deadlocks: page k - 1's buffer is released only after page k's full wait
     gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
     _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, None, 0, None, 0,
-             None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "")
+             None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "", WS16)
 
 
 @gluon.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks",
@@ -470,4 +488,4 @@ def prefill_wgmma_direct_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, p
     _program(q_ptr, q_tok_stride, q_head_stride, None, None, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
              page_stride, bt_ptr, bt_row_stride, tbl_ptr, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL,
-             K_SL, NB, SOL, 1, CONV)
+             K_SL, NB, SOL, 1, CONV, 0)
