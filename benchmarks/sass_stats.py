@@ -36,7 +36,7 @@ PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_pt
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
                      caps_ptr="*i32", blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64",
                      win_ptr="*fp32", out_ptr="*i32", cache_ptr="*u8", page_stride="i32",
-                     bt_ptr="*i32", bt_row_stride="i32", tbl_ptr="*i64")
+                     bt_ptr="*i32", bt_row_stride="i32", tbl_ptr="*i64", cache_blocks="i32")
 
 
 def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_stages: int,

@@ -559,7 +559,9 @@ class Indexer:
 
     def _setup_triton(self) -> None:
         """What every prefill launch shares, resolved once: dot mode, gather tuning (as
-        ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view."""
+        ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view,
+        and whether Gluon chunks may read the cache directly (``heuristics.PREFILL_DIRECT``,
+        read here: set it before constructing the Indexer) with the lookup table they use."""
         from .triton.dot_modes import resolve_dot
         from .triton.gather import _gather_kernel, resolve_tuning
         from .triton.heuristics import TOKENS_ON_N_DOTS, num_sms
@@ -1036,8 +1038,9 @@ class Indexer:
     def _launch_template(self, num_blocks: int, score_pages: int, block_m: int) -> tuple:
         """What a prefill chunk's launches share with every chunk of the same (row blocks,
         score pages, BLOCK_M), cached (host time; never edited): ``(_prefill_launch``'s
-        dict, the score kernel's keywords, (merge grid x, merge keywords) or None, the
-        candidate and window scratch views)``."""
+        dict, the score launch, (merge grid x, merge launch) or None, the candidate and window
+        scratch views, the direct score launch or None)`` (the last only for Gluon chunks
+        with ``_direct``)."""
         key = (num_blocks, score_pages, block_m)
         got = self._templates.get(key)
         if got is None:
@@ -1270,13 +1273,13 @@ class Indexer:
                 for grid, (bt, bts, pages, off) in L["gather"]:
                     gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
                            n_cache)
-            if q8 is None:  # after the first gather launch (host time before it)
+            if q8 is None:  # after the first gather launch, if any (host time before it)
                 q8 = index_q.view(torch.uint8)
                 qs = q8.stride()
             if d is None:
                 L["score"](L["score_grid"], q8, qs[0], qs[1], *L["score_args"], out)
             else:
-                d[0](L["score_grid"], q8, qs[0], qs[1], cache, cs, *d[1], out)
+                d[0](L["score_grid"], q8, qs[0], qs[1], cache, cs, n_cache, *d[1], out)
             m = L["merge"]
             if m is not None:
                 m[2](m[0], *m[1], out)

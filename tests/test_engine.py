@@ -262,7 +262,7 @@ def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check")
-@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("direct", [False, True, "misaligned", "later"])
 def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     """The Indexer's Gluon prefill branch (``_setup_triton``'s ``prefill_wgmma_ok``,
     ``_launch_template``'s ``kernel``) on the CPU, with the Triton twin in the Gluon kernel's
@@ -271,7 +271,10 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     (8 pages per split) the Triton kernel; rows equal the public ops, the rest stays
     poisoned. (The dispatched BLOCK_M set is widened to this small step's.) ``direct``: the
     Gluon chunk reads the cache with the direct kernel's twin (no gather launch), with the
-    real direct kernel's runtime arity."""
+    real direct kernel's runtime arity; "misaligned": planned so, but ``forward`` gets a cache
+    view whose base is not 16-byte aligned and gathers both chunks as before; "later": direct
+    with the two prefill requests swapped, so the Gluon chunk is the second one (request base
+    1, the step's block table sliced)."""
     from nvfp4_indexer import engine
     from nvfp4_indexer.triton import heuristics as hz
     from nvfp4_indexer.triton import prefill as tp
@@ -280,7 +283,9 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     real, real_options = pw.prefill_wgmma_kernel, pw.launch_options()
     real_direct = pw.prefill_wgmma_direct_kernel
     monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
-    monkeypatch.setattr(hz, "PREFILL_DIRECT", direct)
+    monkeypatch.setattr(hz, "PREFILL_DIRECT", bool(direct))
+    later = direct == "later"
+    direct = True if later else direct
     monkeypatch.setattr(pw, "prefill_wgmma_direct_kernel", tp._prefill_direct_score_kernel)
     gathers = []
     monkeypatch.setattr(engine.Indexer, "_triton_prefill", _counting_gathers(
@@ -295,6 +300,9 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
         ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
         assert ix._wgmma
         q_lens, seqs, nd = CLAMP
+        if later:  # the 16-page request first: the 18-page (Gluon) chunk is the second
+            q_lens, seqs = [q_lens[0], q_lens[2], q_lens[1], q_lens[3]], \
+                [seqs[0], seqs[2], seqs[1], seqs[3]]
         step = _step(q_lens, seqs, nd, seed=25)
         md = ix.plan(step)
         kinds = []
@@ -307,17 +315,21 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
                 ref = CachedLaunch(real, H=H, BLOCK_M=128, NUM_SPLITS=ch.launch["ns"],
                                    **real_options)
                 assert ref.num_runtime == 3 + len(ch.launch["score_args"]) + 1
-                assert (ch.launch["direct"] is not None) == direct
+                assert (ch.launch["direct"] is not None) == bool(direct)
                 if direct:
                     ref = CachedLaunch(real_direct, H=H, BLOCK_M=128,
                                        NUM_SPLITS=ch.launch["ns"], **real_options)
-                    assert ref.num_runtime == 3 + 2 + len(ch.launch["direct"][1]) + 1
-        assert kinds == [(True, 2), (False, 2)], kinds
+                    assert ref.num_runtime == 3 + 3 + len(ch.launch["direct"][1]) + 1
+        assert kinds == ([(False, 2), (True, 2)] if later else [(True, 2), (False, 2)]), kinds
         rows = sum(q_lens)
+        if direct == "misaligned":
+            from test_triton_prefill_wgmma import _misaligned
+            cache = _misaligned(cache)
         q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=26)
         assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
         assert bool((out[rows:] == POISON).all())
-        assert gathers == ([False, True] if direct else [True, True]), gathers
+        want = [True, True] if direct is not True else [True, False] if later else [False, True]
+        assert gathers == want, gathers
     finally:
         engine._prefill_launch.cache_clear()
 

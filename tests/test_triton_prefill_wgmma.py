@@ -153,7 +153,8 @@ for ns, direct, conv in ((1, 0, ""), (4, 0, ""), (4, 1, "lut"), (4, 1, "arith"))
     print(ns, st["registers"], k.metadata.num_warps, len(inner), sum(sp for _, sp in inner[:2]),
           st["spill_ops"], ptx.count("setmaxnreg.dec.sync.aligned.u32 \t104"),
           ptx.count("setmaxnreg.dec.sync.aligned.u32 \t200"), k.metadata.shared,
-          sum(sp for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 0 and n > 100))
+          sum(sp for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 0 and n > 100),
+          ",".join(str(n) for n, hg in st["loops"] if hg == 0 and n > 100))
 '''
 
 
@@ -166,13 +167,18 @@ def test_compiles_offline_for_sm90():
     assert HZ.PREFILL_WGMMA_BLOCK_M == (128,)
     lines = _offline(_COMPILE)
     assert len(lines) == 4, lines
+    conv_loops = []
     for ln in lines:
+        *nums, conv_loop = ln.split()
         ns, regs, warps, loops, loop_spills, spills, conv, cons, shared, conv_spills = map(
-            int, ln.split())
+            int, nums)
         assert regs == 168 and warps == 12 and loops >= 2 and loop_spills == 0, ln
-        assert conv_spills == 0, ln
+        assert conv_spills == 0 and conv_loop.isdigit(), ln  # exactly one converter loop
         assert conv >= 1 and cons >= 1 and spills <= 8, ln
         assert shared >= 6 * 128 * 128 * 2, ln
+        conv_loops.append(int(conv_loop))
+    # the direct converters (lookup, arithmetic) do more per page than the workspace's
+    assert conv_loops[0] < conv_loops[2] < conv_loops[3], conv_loops
 
 
 def _direct_lut_emulate(asm, codes, scales):
@@ -253,6 +259,7 @@ def test_gpu_gluon_matches_triton_twin(specs, budget, num_splits, block_m):
     q = random_q(t, heads, seed=t + 1)
     if budget is None:
         budget = ref.max_gather_pages(batch.width * 128, t)
+    assert HZ.prefill_direct_ok(batch.cache)  # else the direct runs would gather
     outs = _run_kernels(batch, qsl, q, budget, num_splits, block_m,
                         (("triton", False), ("wgmma", False), ("wgmma", True)))
     assert torch.equal(outs["wgmma", False], outs["triton", False])
@@ -262,7 +269,18 @@ def test_gpu_gluon_matches_triton_twin(specs, budget, num_splits, block_m):
     check_selection(outs["wgmma", True], exact, mag, local_pages(batch.seq_lens, qsl), BITS)
 
 
-def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs):
+def _misaligned(cache: torch.Tensor) -> torch.Tensor:
+    """A copy of ``cache`` whose base is 8 bytes past a 16-byte boundary (same page stride)."""
+    n, stride = cache.shape[0], cache.stride(0)
+    raw = torch.zeros(n * stride + 16, dtype=torch.uint8, device=cache.device)
+    base = (16 - raw.data_ptr() % 16) % 16 + 8
+    view = raw[base:base + n * stride].as_strided((n, 128, 72), (stride, 72, 1))
+    view.copy_(cache)
+    assert view.data_ptr() % 16 == 8
+    return view
+
+
+def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None):
     """``prefill_indexer`` outputs per ``(kernel, direct)`` of ``runs`` (poisoned, guards
     checked), asserting which Gluon kernel each run launched."""
     from nvfp4_indexer.triton import prefill_wgmma as PW
@@ -284,15 +302,16 @@ def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs):
         for n in origs:
             setattr(PW, n, spy(n))
         try:
-            PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
-                                    budget, out, config=cfg)
+            PREFILL.prefill_indexer(q, batch.cache if cache is None else cache,
+                                    batch.block_table, qsl, batch.seq_lens, budget, out,
+                                    config=cfg)
         finally:
             for n, f in origs.items():
                 setattr(PW, n, f)
         torch.cuda.synchronize()
         assert_guards(big)
         outs[kernel, direct] = out.clone()
-        aligned = HZ.prefill_direct_ok(batch.cache)
+        aligned = HZ.prefill_direct_ok(batch.cache if cache is None else cache)
         want = set() if kernel == "triton" else {
             "prefill_wgmma_direct_kernel" if direct and aligned else "prefill_wgmma_kernel"}
         assert set(calls) == want, (kernel, direct, calls)
@@ -303,14 +322,42 @@ def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs):
 @pytest.mark.skipif(not (HAS_CUDA and HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)),
                     reason="needs a CUDA SM90 GPU with Gluon")
 def test_gpu_direct_needs_an_aligned_cache():
-    """A cache whose page stride is not a multiple of 16 bytes is gathered into the workspace
-    (the direct kernel's 16-byte code loads need it); the selections are the same."""
-    batch, qsl = prefill_batch([(512, 20000), (64, 9000)], seed=71, page_stride=9224)
-    assert not HZ.prefill_direct_ok(batch.cache)
+    """A cache view whose base is not 16-byte aligned is gathered into the workspace (the
+    direct kernel's 16-byte code loads need it); the selections are the same."""
+    batch, qsl = prefill_batch([(512, 20000), (64, 9000)], seed=71, page_stride=9216)
+    cache = _misaligned(batch.cache)
+    assert not HZ.prefill_direct_ok(cache)
     q = random_q(int(qsl[-1]), 4, seed=72)
     budget = ref.max_gather_pages(batch.width * 128, int(qsl[-1]))
-    outs = _run_kernels(batch, qsl, q, budget, 2, None, (("triton", False), ("wgmma", True)))
+    outs = _run_kernels(batch, qsl, q, budget, 2, None, (("triton", False), ("wgmma", True)),
+                        cache=cache)
     assert torch.equal(outs["wgmma", True], outs["triton", False])
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU check (the twin; the GPU test compares the kernels)")
+def test_direct_clamps_block_ids_like_the_gather(monkeypatch):
+    """SPEC 10: a block id past the cache (metadata edited after validation; the internal
+    ``prefill_indexer`` does not check ids) is clamped into it by the direct path as by the
+    gather: the cache's last block is read, never bytes past it, and both paths select the
+    same pages."""
+    _twin_in_its_place(monkeypatch)
+    batch, qsl = prefill_batch([(20, 2300)], seed=65)
+    last = batch.cache.shape[0] - 1
+    bt = batch.block_table.clone()
+    q = random_q(20, 2, seed=66)
+
+    def run(direct):
+        big, out = poisoned_out(20, 2)
+        PREFILL.prefill_indexer(q, batch.cache, bt, qsl, batch.seq_lens, 10**6, out,
+                                config=PREFILL.PrefillConfig(num_splits=2, block_m=128,
+                                                             direct=direct))
+        assert_guards(big)
+        return out.clone()
+    bt[0, 3] = last + 1000  # past the cache
+    gathered, direct = run(False), run(True)
+    assert torch.equal(direct, gathered)
+    bt[0, 3] = last  # what the clamp reads
+    assert torch.equal(run(True), direct)
 
 
 def _twin_in_its_place(monkeypatch):
@@ -368,7 +415,7 @@ def test_triton_knobs_select_the_triton_kernel(monkeypatch, knob):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU plumbing check (the GPU test runs the kernel)")
-@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("direct", [False, True, "misaligned"])
 @pytest.mark.parametrize("num_splits,block_m,gluon", [(1, 128, True), (2, 128, True),
                                                       (3, 128, False), (1, 64, False)])
 def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, gluon, direct):
@@ -379,7 +426,8 @@ def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, g
     At most 8 pages per split (3 splits of 18 pages) and BLOCK_M 64 take the Triton kernel.
     ``direct``: the Gluon chunks launch the direct kernel (its twin reads the cache) with
     the chunk's block-table rows and request base (a budget of 17 pages: one request per
-    chunk, so request bases 0, 1, 2)."""
+    chunk, so request bases 0, 1, 2); "misaligned": asked for, but the cache view's base is
+    not 16-byte aligned, so the chunks gather and take the workspace kernel."""
     calls = _twin_in_its_place(monkeypatch)
     specs = [(20, 2300), (3, 2200), (5, 40)]  # 18 / 17 pages, and short rows only
     batch, qsl = prefill_batch(specs, seed=61)
@@ -387,13 +435,14 @@ def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, g
     t, heads = int(qsl[-1]), 2
     q = random_q(t, heads, seed=62)
     big, out = poisoned_out(t, heads)
-    cfg = PREFILL.PrefillConfig(num_splits=num_splits, block_m=block_m, direct=direct)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
+    cfg = PREFILL.PrefillConfig(num_splits=num_splits, block_m=block_m, direct=bool(direct))
+    cache = _misaligned(batch.cache) if direct == "misaligned" else batch.cache
+    PREFILL.prefill_indexer(q, cache, batch.block_table, qsl, batch.seq_lens,
                             17 if direct else 10**6, out, config=cfg)
     assert_guards(big)
     assert bool(calls) == gluon, calls
     assert all(c[1:3] == (block_m, num_splits) for c in calls)
-    assert all((c[3:] == ("direct",)) == direct for c in calls), calls
+    assert all((c[3:] == ("direct",)) == (direct is True) for c in calls), calls
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
                                  with_magnitude=True)
     check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)

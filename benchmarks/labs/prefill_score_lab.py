@@ -180,7 +180,8 @@ def main(argv=None) -> int:
             cache, bt = ctx.pool.cache, tables[0][a[5]:]
             assert cache.data_ptr() % 16 == 0 and cache.stride(0) % 16 == 0
             pw.prefill_wgmma_direct_kernel[grid](
-                a[0], a[1], a[2], cache, cache.stride(0), bt, bt.stride(0), tbl, a[5], a[6],
+                a[0], a[1], a[2], cache, cache.stride(0), cache.shape[0], bt, bt.stride(0),
+                tbl, a[5], a[6],
                 a[7], a[8], a[9], a[10], a[11], a[13], H=kw["H"], BLOCK_M=kw["BLOCK_M"],
                 NUM_SPLITS=grid[1], CONV=conv, **pw.launch_options())
 

@@ -51,9 +51,10 @@ TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the 
 PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
 PREFILL_WGMMA_PROGRAMS_PER_SM = 2  # its split target (one CTA per SM), at least 2 splits
 # Gluon chunks read their pages straight from the cache (``prefill_wgmma_direct_kernel``: no
-# gather, no workspace) when the cache allows it (``prefill_direct_ok``). Off: on the H200
-# its dequantization's integer-pipe operations cost the kernel 1.2-1.24x, far more than the
-# gather it saves (docs/benchmarks.md, issue 15, eighth step)
+# gather, no workspace) when the cache allows it (``prefill_direct_ok``). Off: on the H200 its
+# converter (one warp per scheduler, ~500 instructions per page) falls behind the consumers:
+# 1.22-1.24x slower kernels, far more than the gather it saves (docs/benchmarks.md, issue 15,
+# eighth step)
 PREFILL_DIRECT = False
 
 # -- gather ----------------------------------------------------------------------------------
@@ -281,9 +282,10 @@ def prefill_wgmma_ok(device, dot: str, tokens_on_n: bool) -> bool:
 
 
 def prefill_direct_ok(cache) -> bool:
-    """Whether the Gluon prefill kernel may read ``cache`` (``uint8 [N, 128, 72]``) directly
-    (``prefill_wgmma_direct_kernel``): 16-byte aligned base and page stride (its 16-byte
-    code loads)."""
+    """Whether the Gluon prefill kernel may read ``cache`` (``uint8 [N, 128, 72]``, SPEC 2)
+    directly (``prefill_wgmma_direct_kernel``, SPEC 7): a 16-byte aligned base and page stride
+    (its 16-byte code loads). SPEC 2's page strides (9216, or larger multiples of 16) pass, so
+    the base decides: a cache view that starts inside an allocation may fail it."""
     return cache.data_ptr() % 16 == 0 and cache.stride(0) % 16 == 0
 
 

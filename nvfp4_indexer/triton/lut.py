@@ -139,8 +139,10 @@ _PTX_OPERANDS = {"and.b32": 3, "xor.b32": 3, "shr.u32": 3, "shl.b32": 3, "prmt.b
 
 def ptx_emulate(asm: str, inputs: dict) -> dict:
     """Replay an inline-PTX block of ``LUT_ASM``'s instruction set on the host (tests): 32-bit
-    ``and`` / ``xor`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` / ``mov`` and ``mov.b64``
-    splits (also the direct prefill converter's ``prefill_wgmma._F16X2_LUT_PTX``); one statement per ``;``, operands are registers, ``$n`` and integer literals.
+    ``and`` / ``xor`` / ``shr.u32`` / ``shl`` / ``prmt`` / ``lop3`` / ``mov`` and
+    ``mov.b64`` splits (also the direct prefill converter's
+    ``prefill_wgmma._F16X2_LUT_PTX``); one statement per ``;``, operands are registers,
+    ``$n`` and integer literals.
     ``inputs``: ``{"$8": int64 tensor [N], ...}``, one element per thread (a 64-bit operand is
     split little-endian by ``mov.b64``; 32-bit ones are read modulo 2^32). Returns every
     register, ``$n`` outputs included, as int64 ``[N]`` tensors of 32-bit patterns.

@@ -98,18 +98,19 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
                  (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
 
 
-@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "page_stride", "bt_row_stride",
-                              "req_base", "num_blocks"],
-            do_not_specialize_on_alignment=_SEQ_PTRS)
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "page_stride", "cache_blocks",
+                              "bt_row_stride", "req_base", "num_blocks"],
+            do_not_specialize_on_alignment=_SEQ_PTRS + ["bt_ptr"])
 def _prefill_direct_score_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stride,
-                                 bt_ptr, bt_row_stride, tbl_ptr, req_base, qsl_ptr,
+                                 cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, req_base, qsl_ptr,
                                  seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
                                  out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                                  NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
                                  WINDOW: tl.constexpr = 1, KEEP: tl.constexpr = 16,
                                  TOKENS_N: tl.constexpr = False):
     """``_prefill_score_kernel`` reading request r's page j straight from the paged cache
-    (block ``bt_ptr[(r - req_base) * bt_row_stride + j]``), dequantized to E4M3 (SPEC 1.4) in
+    (block ``bt_ptr[(r - req_base) * bt_row_stride + j]``, clamped to ``[0, cache_blocks)``:
+    SPEC 10), dequantized to E4M3 (SPEC 1.4) in
     the page loop: the workspace's bytes, so the same scores and lists as gather + score. The
     Triton twin of ``prefill_wgmma.prefill_wgmma_direct_kernel`` (same runtime arguments;
     ``tbl_ptr`` is not read; window scratch: none, so WINDOW must be 1). For CPU tests (the
@@ -130,8 +131,9 @@ def _prefill_direct_score_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, 
     r = tl.load(blk_ptr + blk)
     bt_row = bt_ptr + (r - req_base).to(tl.int64) * bt_row_stride
     # no window: win_ptr (cand_ptr here) is not read
-    top = scan_pages(start, end, local, (cache_ptr, page_stride, bt_row), (q_op,), cand_ptr, 0,
-                     0, 1, _cache_page_scores, DOT, TOKENS_N, BLOCK_M, KEEP, WINDOW)
+    top = scan_pages(start, end, local, (cache_ptr, page_stride, cache_blocks, bt_row), (q_op,),
+                     cand_ptr, 0, 0, 1, _cache_page_scores, DOT, TOKENS_N, BLOCK_M, KEEP,
+                     WINDOW)
     finish_split(top, local, out_ptr + out_offsets(token, h, H), row_ok, cand_ptr,
                  (blk * BLOCK_M + rows).to(tl.int64), split, NUM_SPLITS, False)
 
@@ -139,11 +141,13 @@ def _prefill_direct_score_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, 
 @triton.jit
 def _cache_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
     """fp32 ``[BLOCK_M]`` scores of request page j read from the cache (``page_src = (cache,
-    page stride, the request's block-table row)``), dequantized to E4M3 bytes first (the
-    integer-bit encoder: the interpreter's fp8 casts are not trusted)."""
-    cache_ptr, page_stride, bt_row = page_src
+    page stride, cache blocks, the request's block-table row)``; the block id clamped into the
+    cache), dequantized to E4M3 bytes first (the integer-bit encoder: the interpreter's fp8
+    casts are not trusted)."""
+    cache_ptr, page_stride, cache_blocks, bt_row = page_src
     q_op, = q_ops
-    page = cache_ptr + tl.load(bt_row + j).to(tl.int64) * page_stride
+    block = tl.minimum(tl.maximum(tl.load(bt_row + j), 0), cache_blocks - 1)
+    page = cache_ptr + block.to(tl.int64) * page_stride
     i = tl.arange(0, CODE_BYTES)[None, :]
     t = tl.arange(0, PAGE)[:, None]
     codes = tl.load(page + t * CODE_BYTES + i)
@@ -193,8 +197,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         max_gather_pages: workspace budget in pages per chunk (>= any request's history).
         out: int32 ``[Tp, H, 16]`` contiguous.
         config: tuning (``config.PrefillConfig``: dot, num_splits, window, block_m, num_warps,
-        num_stages, tokens_on_n, kernel, the gather's ``GatherConfig``); None = defaults
-        (``heuristics``).
+        num_stages, tokens_on_n, kernel, direct, the gather's ``GatherConfig``); None =
+        defaults (``heuristics``). The workspace is allocated when a chunk gathers (with
+        ``direct``, chunks on the Gluon kernel read the cache and gather nothing).
     Inputs are assumed validated (``nvfp4_indexer.api.prefill_indexer``). Syncs the host.
     Returns ``out``.
     Raises:
@@ -265,9 +270,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                 from .prefill_wgmma import launch_options, prefill_wgmma_direct_kernel
                 bt = block_table[a:b]  # rows of requests a..b-1: the kernel reads r - a
                 prefill_wgmma_direct_kernel[(nb, ns)](
-                    q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), bt, bt.stride(0),
-                    _device_table(dev), a, cu_seqlens_q, seq_lens, seq_lens, blocks, nb,
-                    cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
+                    q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), cache.shape[0], bt,
+                    bt.stride(0), _device_table(dev), a, cu_seqlens_q, seq_lens, seq_lens,
+                    blocks, nb, cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
             elif launch["kernel"] == "wgmma":
                 from .prefill_wgmma import launch_options, prefill_wgmma_kernel
                 prefill_wgmma_kernel[(nb, ns)](*args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,

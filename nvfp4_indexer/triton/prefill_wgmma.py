@@ -40,10 +40,11 @@ Registers: the consumers 200 each, the converter 104 (launched with 4 warps, 12 
 cache through the block table and writes the fp16 of dequant_e4m3 (a table lookup,
 ``lut.lut_table``'s formula, or the arithmetic of ``ptx.DEQUANT_E4M3_BYTES_PTX``): the
 workspace's values, so the same products and lists, with no gather and no workspace. Its
-converter loop is 503 (lookup) / 682 (arithmetic) SASS instructions per page against 275, and
-on the H200 the kernel is bound by the integer pipe those instructions share with the
-consumers' epilogues: 1.24x / 1.37x slower (docs/benchmarks.md, issue 15, eighth step).
-Its plain-Triton twin is ``prefill._prefill_direct_score_kernel``.
+converter loop is 503 (lookup) / 682 (arithmetic) SASS instructions per page against 275; on
+the H200 that converter (one warp per scheduler) falls behind the consumers: the kernel is
+1.22-1.24x (lookup) / 1.33-1.37x (arithmetic) slower, while removing the workspace kernel's
+conversion altogether gains 0-7 % (docs/benchmarks.md, issue 15, eighth step). Its
+plain-Triton twin is ``prefill._prefill_direct_score_kernel``.
 """
 
 from __future__ import annotations
@@ -258,10 +259,11 @@ def _f16x2_words(words, scales, tbl_ptr, CONV: gl.constexpr):
 
 
 @gluon.jit
-def _converter_direct(cache_ptr, page_stride, bt_row, tbl_ptr, start, end, k_smem, full,
-                      empty, NB: gl.constexpr, CONV: gl.constexpr):
+def _converter_direct(cache_ptr, page_stride, cache_blocks, bt_row, tbl_ptr, start, end,
+                      k_smem, full, empty, NB: gl.constexpr, CONV: gl.constexpr):
     """The converter of ``prefill_wgmma_direct_kernel``: page ``start + kk`` read from the
-    cache (block ``bt_row[start + kk]``), dequantized to fp16 into buffer kk % NB."""
+    cache (block ``bt_row[start + kk]``, clamped to ``[0, cache_blocks)``: SPEC 10),
+    dequantized to fp16 into buffer kk % NB."""
     if end > start:
         # 16 code bytes (two groups, four words) and their two scale bytes per thread and token
         CL: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [4, 1, 1], [2, 1, 0])
@@ -277,13 +279,14 @@ def _converter_direct(cache_ptr, page_stride, bt_row, tbl_ptr, start, end, k_sme
             gl.expand_dims(gl.expand_dims(w, 0), 1)  # in words
         hi_c_off = code_off + HALF * (CODE_BYTES // 4)
         hi_s_off = scale_off + HALF * GROUPS
-        page = cache_ptr + gl.multiple_of(gl.load(bt_row + start).to(gl.int64) * page_stride,
-                                          16)
+        blk = gl.minimum(gl.maximum(gl.load(bt_row + start), 0), cache_blocks - 1)
+        page = cache_ptr + gl.multiple_of(blk.to(gl.int64) * page_stride, 16)
         lo_c, lo_s = _load_nvfp4_half(page, code_off, scale_off)
         for kk in range(0, end - start):
             i = kk % NB
             hi_c, hi_s = _load_nvfp4_half(page, hi_c_off, hi_s_off)
-            nxt = gl.load(bt_row + gl.minimum(start + kk + 1, end - 1)).to(gl.int64)
+            nxt = gl.load(bt_row + gl.minimum(start + kk + 1, end - 1))
+            nxt = gl.minimum(gl.maximum(nxt, 0), cache_blocks - 1).to(gl.int64)
             mbarrier.wait(empty.index(i), ((kk // NB) & 1) ^ 1)
             buf = k_smem.index(i)._reinterpret(gl.int32, [PAGE, HEAD // 2], W_SL)
             buf.slice(0, HALF).store(_f16x2_words(lo_c, lo_s, tbl_ptr, CONV))
@@ -383,8 +386,8 @@ def _consumer(c: gl.constexpr, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_
 @gluon.jit
 def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
-             page_stride, bt_ptr, bt_row_stride, tbl_ptr, H: gl.constexpr, BLOCK_M: gl.constexpr,
-             NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
+             page_stride, cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, H: gl.constexpr,
+             BLOCK_M: gl.constexpr, NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
              TL: gl.constexpr, K_SL: gl.constexpr, NB: gl.constexpr, SOL: gl.constexpr,
              DIRECT: gl.constexpr, CONV: gl.constexpr, WS16: gl.constexpr):
     """One program of either kernel: pages from the FP8 workspace (DIRECT 0) or straight from
@@ -413,8 +416,8 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
             (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
                          caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
                          full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
-            (_converter_direct, (cache_ptr, page_stride, bt_row, tbl_ptr, start, end, k_smem,
-                                 full, empty, NB, CONV))],
+            (_converter_direct, (cache_ptr, page_stride, cache_blocks, bt_row, tbl_ptr, start,
+                                 end, k_smem, full, empty, NB, CONV))],
             [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
     else:
         ws_page0 = ws_ptr + gl.load(ws_off_ptr + (r - req_base)).to(gl.int64) * WS_PAGE
@@ -458,34 +461,36 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
     # one buffer deadlocks: page k - 1's buffer is released only after page k's full wait
     gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
     _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
-             seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, None, 0, None, 0,
-             None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "", WS16)
+             seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, None, 0, 0, None,
+             0, None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "", WS16)
 
 
 @gluon.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks",
-                              "page_stride", "bt_row_stride"],
-           do_not_specialize_on_alignment=["seq_lens_ptr", "caps_ptr"])
+                              "page_stride", "cache_blocks", "bt_row_stride"],
+           do_not_specialize_on_alignment=["seq_lens_ptr", "caps_ptr", "bt_ptr"])
 def prefill_wgmma_direct_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, page_stride,
-                                bt_ptr, bt_row_stride, tbl_ptr, req_base, qsl_ptr,
+                                cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, req_base, qsl_ptr,
                                 seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr,
                                 H: gl.constexpr, BLOCK_M: gl.constexpr,
                                 NUM_SPLITS: gl.constexpr, MMA: gl.constexpr,
                                 LD: gl.constexpr, TL: gl.constexpr, K_SL: gl.constexpr,
                                 NB: gl.constexpr = NUM_BUFFERS, SOL: gl.constexpr = 0,
                                 CONV: gl.constexpr = "lut"):
-    """``prefill_wgmma_kernel`` without the workspace (lab, issue 15): the converter reads
-    request r's page j straight from the paged cache, block ``bt_ptr[(r - req_base) *
-    bt_row_stride + j]`` at ``cache_ptr + block * page_stride`` (uint8, SPEC 2 layout: 64
-    code bytes per token, then 8 scale bytes per token from byte 8192), and writes the fp16
-    of dequant_e4m3 (SPEC 1.4), i.e. the workspace's values widened: the same operands, so
-    the same scores and lists as gather + ``prefill_wgmma_kernel``. ``CONV``: "lut" (the
-    table ``tbl_ptr``, int64 ``lut.lut_table()``) or "arith" (``tbl_ptr`` not read). Pages
-    16-byte aligned
-    (cache base and ``page_stride``: the caller checks); block ids valid for the pages scored
-    (SPEC 2)."""
-    gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
-    gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
+    """``prefill_wgmma_kernel`` without the workspace (SPEC 4, 5, 7, 10; opt-in:
+    ``PrefillConfig(direct=True)`` in ``prefill_indexer``, ``heuristics.PREFILL_DIRECT`` for
+    the Indexer): the converter reads request r's page j straight from the paged cache
+    ``cache_ptr`` (uint8 ``[cache_blocks, 128, 72]``, page stride ``page_stride`` bytes, SPEC 2
+    layout: 64 code bytes per token, then 8 scale bytes per token from byte 8192), block
+    ``bt_ptr[(r - req_base) * bt_row_stride + j]`` (int32 block table rows of the launch's
+    requests, row stride in elements; ids clamped to ``[0, cache_blocks)``, SPEC 10), and
+    writes the fp16 of dequant_e4m3 (SPEC 1.4): the workspace's values widened, so the same
+    products, scores and lists as gather + ``prefill_wgmma_kernel``. The other arguments
+    (query, row blocks, seq lens, ``cand_ptr`` / ``out_ptr``) as that kernel's. ``CONV``:
+    "lut" (the table ``tbl_ptr``, int64 ``lut.lut_table()``, the library's) or "arith" (a lab
+    knob: ``tbl_ptr`` not read). The cache base and ``page_stride`` must be 16-byte aligned
+    (``heuristics.prefill_direct_ok``: the callers check). Twin:
+    ``prefill._prefill_direct_score_kernel``."""
     _program(q_ptr, q_tok_stride, q_head_stride, None, None, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
-             page_stride, bt_ptr, bt_row_stride, tbl_ptr, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL,
-             K_SL, NB, SOL, 1, CONV, 0)
+             page_stride, cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, H, BLOCK_M, NUM_SPLITS,
+             MMA, LD, TL, K_SL, NB, SOL, 1, CONV, 0)
