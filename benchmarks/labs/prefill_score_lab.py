@@ -12,7 +12,10 @@ conversion in the page loop: Triton then pipelines each page straight into share
 the MMA's operand) at 2 / 3 / 4 stages and 8 warps, and against the Gluon kernel
 (``triton.prefill_wgmma``: warp-specialized, page MMAs overlapped with the epilogues) with 6 /
 3 / 4 ring buffers, its speed-of-light variant without top-k inserts (its candidates are
-wrong by design) and other split counts (timed on their own scratch, not compared). Every
+wrong by design), other split counts (timed on their own scratch, not compared), "gluon fp16
+ws" (the Gluon kernel on the fp16 copy: its converter only moves bytes), and "gluon direct" /
+"gluon direct arith" (``prefill_wgmma_direct_kernel``: pages read from the cache through the
+block table, lookup / arithmetic dequantization; no workspace). Every
 other variant's candidate scratch (and output) is compared with the default launch's (lists
 as sets), bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
 rate measured in the same run.
@@ -196,8 +199,14 @@ def main(argv=None) -> int:
                          ("gluon fp16 ws", functools.partial(gluon, ws16=1)),
                          ("gluon direct", direct),
                          ("gluon direct arith", functools.partial(direct, "arith"))]
+        if kw["BLOCK_M"] in hz.PREFILL_WGMMA_BLOCK_M:
+            # the Gluon kernel at other split counts, on its own scratch, wherever every split
+            # keeps 16 (also where the Triton rule's launch keeps fewer: 1K-token chunks)
+            pages = (int(seq.max()) - 1) // 128
             variants += [(f"gluon splits {ns} (not compared)", functools.partial(gluon, ns=ns))
-                         for ns in split_counts if ns != kw["NUM_SPLITS"]]
+                         for ns in split_counts
+                         if (ns != kw["NUM_SPLITS"] or kw["KEEP"] != TOPK)
+                         and hz.keep_for_pages(-(-pages // ns)) == TOPK]
         for name, fn in variants:
             if only and not any(name == x[:-1] if x.endswith("$") else name.startswith(x)
                                 for x in only):
