@@ -218,11 +218,12 @@ _COMPILE_NB1 = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
 from benchmarks.sass_stats import compile_prefill_wgmma
-try:
-    compile_prefill_wgmma(nb=1)
-    print("compiled")
-except Exception as e:
-    print("refused", "NB >= 2" in str(e))
+for direct in (False, True):
+    try:
+        compile_prefill_wgmma(nb=1, direct=direct)
+        print("compiled")
+    except Exception as e:
+        print("refused", "NB >= 2" in str(e))
 '''
 
 
@@ -230,7 +231,7 @@ def test_one_ring_buffer_is_refused():
     """The lab knob NB (ring buffers) below 2 is refused at compile time: with one buffer a
     consumer releases page k - 1 only after waiting for page k, which the converter writes
     into that same buffer only after the release: a deadlock on the GPU."""
-    assert _offline(_COMPILE_NB1) == ["refused True"]
+    assert _offline(_COMPILE_NB1) == ["refused True", "refused True"]  # both kernels
 
 
 @pytest.mark.gpu
@@ -334,30 +335,74 @@ def test_gpu_direct_needs_an_aligned_cache():
     assert torch.equal(outs["wgmma", True], outs["triton", False])
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="CPU check (the twin; the GPU test compares the kernels)")
-def test_direct_clamps_block_ids_like_the_gather(monkeypatch):
-    """SPEC 10: a block id past the cache (metadata edited after validation; the internal
-    ``prefill_indexer`` does not check ids) is clamped into it by the direct path as by the
-    gather: the cache's last block is read, never bytes past it, and both paths select the
-    same pages."""
-    _twin_in_its_place(monkeypatch)
-    batch, qsl = prefill_batch([(20, 2300)], seed=65)
-    last = batch.cache.shape[0] - 1
-    bt = batch.block_table.clone()
-    q = random_q(20, 2, seed=66)
+def _with_poisoned_block(cache: torch.Tensor) -> torch.Tensor:
+    """A copy of ``cache`` (same stride) as a view of an allocation one block longer whose
+    extra block holds NaN scales: an unclamped read of block id ``cache.shape[0]`` lands there
+    (inside the allocation: a clean wrong answer, not a crash)."""
+    n, stride = cache.shape[0], cache.stride(0)
+    raw = torch.full(((n + 1) * stride,), 0x7F, dtype=torch.uint8, device=cache.device)
+    big = raw.as_strided((n + 1, 128, 72), (stride, 72, 1))
+    big[:n].copy_(cache)
+    return big[:n]
 
-    def run(direct):
-        big, out = poisoned_out(20, 2)
-        PREFILL.prefill_indexer(q, batch.cache, bt, qsl, batch.seq_lens, 10**6, out,
-                                config=PREFILL.PrefillConfig(num_splits=2, block_m=128,
-                                                             direct=direct))
+
+def _clamp_case(kernel, ids):
+    """``prefill_indexer`` outputs with direct False / True after writing ``ids``
+    ({(request, page): block id}) into the block table, and with the ids the clamp reads."""
+    batch, qsl = prefill_batch([(20, 3300), (16, 3000)], seed=65)
+    cache = _with_poisoned_block(batch.cache)
+    last = cache.shape[0] - 1
+    t = int(qsl[-1])
+    q = random_q(t, 2, seed=66)
+
+    def run(bt, direct):
+        big, out = poisoned_out(t, 2)
+        PREFILL.prefill_indexer(q, cache, bt, qsl, batch.seq_lens, 10**6, out,
+                                config=PREFILL.PrefillConfig(kernel=kernel, num_splits=2,
+                                                             block_m=128, direct=direct))
         assert_guards(big)
         return out.clone()
-    bt[0, 3] = last + 1000  # past the cache
-    gathered, direct = run(False), run(True)
+    bt = batch.block_table.clone()
+    clamped = bt.clone()
+    for (r, j), v in ids.items():
+        bt[r, j] = v
+        clamped[r, j] = min(max(v, 0), last)
+    return run(bt, False), run(bt, True), run(clamped, True)
+
+
+# a split's first page (request 0: 25 pages in 2 splits: pages 0 and 13), a later page (the
+# look-ahead), past the cache by one block (the poisoned block) and negative
+_CLAMP_IDS = {(0, 0): 10**6, (0, 13): -5, (0, 7): "last+1", (1, 11): -1}
+
+
+def _clamp_ids(batch_blocks):
+    return {k: (batch_blocks if v == "last+1" else v) for k, v in _CLAMP_IDS.items()}
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU check (the twin; the GPU test runs the kernel)")
+def test_direct_clamps_block_ids_like_the_gather(monkeypatch):
+    """SPEC 10: block ids past the cache or negative (metadata edited after validation; the
+    internal ``prefill_indexer`` does not check ids) are clamped into it by the direct path as
+    by the gather (a split's first page, a later page, one block past the cache, negative):
+    both paths select the same pages, those of the clamped ids; an unclamped read would land in
+    a poisoned block just past the cache view."""
+    _twin_in_its_place(monkeypatch)
+    n = prefill_batch([(20, 3300), (16, 3000)], seed=65)[0].cache.shape[0]
+    gathered, direct, clamped = _clamp_case(None, _clamp_ids(n))
     assert torch.equal(direct, gathered)
-    bt[0, 3] = last  # what the clamp reads
-    assert torch.equal(run(True), direct)
+    assert torch.equal(direct, clamped)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)),
+                    reason="needs a CUDA SM90 GPU with Gluon")
+def test_gpu_direct_clamps_block_ids_like_the_gather():
+    """The Gluon direct kernel's clamp (first load and look-ahead): as the CPU test, on the
+    real kernel against the gather + workspace kernel."""
+    n = prefill_batch([(20, 3300), (16, 3000)], seed=65)[0].cache.shape[0]
+    gathered, direct, clamped = _clamp_case("wgmma", _clamp_ids(n))
+    assert torch.equal(direct, gathered)
+    assert torch.equal(direct, clamped)
 
 
 def _twin_in_its_place(monkeypatch):

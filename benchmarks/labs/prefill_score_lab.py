@@ -15,7 +15,9 @@ the MMA's operand) at 2 / 3 / 4 stages and 8 warps, and against the Gluon kernel
 wrong by design), other split counts (timed on their own scratch, not compared), "gluon fp16
 ws" (the Gluon kernel on the fp16 copy: its converter only moves bytes), and "gluon direct" /
 "gluon direct arith" (``prefill_wgmma_direct_kernel``: pages read from the cache through the
-block table, lookup / arithmetic dequantization; no workspace). Every
+block table, lookup / arithmetic dequantization; no workspace). "gluon splits N" also runs
+where the recorded (Triton-rule) launch keeps fewer than 16 candidates, whenever N splits of
+the chunk's pages keep 16 (the Gluon kernel's contract): e.g. the 1K-token chunks. Every
 other variant's candidate scratch (and output) is compared with the default launch's (lists
 as sets), bit for bit. Rates: useful FLOPs over the cuBLAS 16-bit
 rate measured in the same run.
@@ -202,10 +204,12 @@ def main(argv=None) -> int:
         if kw["BLOCK_M"] in hz.PREFILL_WGMMA_BLOCK_M:
             # the Gluon kernel at other split counts, on its own scratch, wherever every split
             # keeps 16 (also where the Triton rule's launch keeps fewer: 1K-token chunks)
+            # (chunks of short rows only, <= 15 pages, never take a score kernel)
             pages = (int(seq.max()) - 1) // 128
             variants += [(f"gluon splits {ns} (not compared)", functools.partial(gluon, ns=ns))
                          for ns in split_counts
                          if (ns != kw["NUM_SPLITS"] or kw["KEEP"] != TOPK)
+                         and pages > hz.SHORT_MAX_LOCAL
                          and hz.keep_for_pages(-(-pages // ns)) == TOPK]
         for name, fn in variants:
             if only and not any(name == x[:-1] if x.endswith("$") else name.startswith(x)

@@ -40,7 +40,7 @@ Registers: the consumers 200 each, the converter 104 (launched with 4 warps, 12 
 cache through the block table and writes the fp16 of dequant_e4m3 (a table lookup,
 ``lut.lut_table``'s formula, or the arithmetic of ``ptx.DEQUANT_E4M3_BYTES_PTX``): the
 workspace's values, so the same products and lists, with no gather and no workspace. Its
-converter loop is 503 (lookup) / 682 (arithmetic) SASS instructions per page against 275; on
+converter loop is 507 (lookup) / 686 (arithmetic) SASS instructions per page against 275; on
 the H200 that converter (one warp per scheduler) falls behind the consumers: the kernel is
 1.22-1.24x (lookup) / 1.33-1.37x (arithmetic) slower, while removing the workspace kernel's
 conversion altogether gains 0-7 % (docs/benchmarks.md, issue 15, eighth step). Its
@@ -490,6 +490,8 @@ def prefill_wgmma_direct_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, p
     knob: ``tbl_ptr`` not read). The cache base and ``page_stride`` must be 16-byte aligned
     (``heuristics.prefill_direct_ok``: the callers check). Twin:
     ``prefill._prefill_direct_score_kernel``."""
+    gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
+    gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
     _program(q_ptr, q_tok_stride, q_head_stride, None, None, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
              page_stride, cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, H, BLOCK_M, NUM_SPLITS,
