@@ -148,7 +148,6 @@ def main(argv=None) -> int:
         a = list(a)
         ws8, cand, res = a[3], a[11], a[13]
         ws16 = ws8.view(torch.float8_e4m3fn).to(torch.float16)
-        ws16_copy = ws16
         cand0 = cand.clone()
         res0 = res.clone()
         flops = tr.flops
@@ -163,11 +162,11 @@ def main(argv=None) -> int:
             b[3] = ws16
             _score16_kernel[grid](*b, **{**kw, "num_stages": stages, "num_warps": warps})
 
-        def gluon(nb=pw.NUM_BUFFERS, sol=0, ns=None, ws16=0):
+        def gluon(nb=pw.NUM_BUFFERS, sol=0, ns=None, f16ws=0):
             b, g = a, grid
-            if ws16:  # the fp16 copy of the workspace: no conversion in the converter
+            if f16ws:  # the fp16 copy of the workspace: no conversion in the converter
                 b = list(a)
-                b[3] = ws16_copy
+                b[3] = ws16
             if ns is not None:  # its own scratch and output: not compared
                 b = list(a)
                 b[11] = torch.empty(grid[0] * kw["BLOCK_M"] * ns * TOPK, dtype=torch.int64,
@@ -175,7 +174,7 @@ def main(argv=None) -> int:
                 b[13] = torch.empty_like(res)
                 g = (grid[0], ns)
             pw.prefill_wgmma_kernel[g](*b, H=kw["H"], BLOCK_M=kw["BLOCK_M"],
-                                       NUM_SPLITS=g[1], NB=nb, SOL=sol, WS16=ws16,
+                                       NUM_SPLITS=g[1], NB=nb, SOL=sol, WS16=f16ws,
                                        **pw.launch_options())
 
         tbl = lut_table(ctx.device)
@@ -198,7 +197,7 @@ def main(argv=None) -> int:
             variants += [("gluon", gluon), ("gluon nb3", functools.partial(gluon, 3)),
                          ("gluon nb4", functools.partial(gluon, 4)),
                          ("gluon no-topk (SOL)", functools.partial(gluon, sol=1)),
-                         ("gluon fp16 ws", functools.partial(gluon, ws16=1)),
+                         ("gluon fp16 ws", functools.partial(gluon, f16ws=1)),
                          ("gluon direct", direct),
                          ("gluon direct arith", functools.partial(direct, "arith"))]
         if kw["BLOCK_M"] in hz.PREFILL_WGMMA_BLOCK_M:
@@ -231,7 +230,7 @@ def main(argv=None) -> int:
                 kl._record("score", case.name, name, t.us, tf, "TFLOP/s", same,
                            f"{tf / mm16:.1%} of 16-bit mm, {t.method}")
             kl._attempt(ctx, f"{case.name} {name}", run)
-        ws16 = ws16_copy = None  # noqa: F841 (frees the copy)
+        ws16 = None  # noqa: F841 (frees the copy)
         torch.cuda.empty_cache()
     kl.print_table()
     return 0

@@ -70,13 +70,14 @@ from .scoring import fp8_page_scores, fp8_page_scores_n, fp8_tile_scores, fp8_ti
 _SEQ_PTRS = ["seq_lens_ptr", "caps_ptr"]
 
 
-@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"],
-            do_not_specialize_on_alignment=_SEQ_PTRS)
-def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
-                          qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
-                          win_ptr, out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
-                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
-                          KEEP: tl.constexpr = 16, TOKENS_N: tl.constexpr = False):
+@triton.jit
+def _score_prologue(q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+                    num_blocks, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                    NUM_SPLITS: tl.constexpr, DOT: tl.constexpr, TOKENS_N: tl.constexpr):
+    """What both prefill score kernels start with, for program (row block, split): ``(blk,
+    split, rows, token, h, local, row_ok, start, end, q_op, r)`` -- the block's rows, its
+    split's page range, the query operand (``[BLOCK_M, 128]`` A with tokens on N, else
+    ``[128, BLOCK_M]`` B) and the block's request r."""
     blk = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -86,10 +87,22 @@ def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr
     start, end = split_range(n, split, NUM_SPLITS)
     q_off = token * q_tok_stride + h * q_head_stride
     if TOKENS_N:
-        q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)  # [BLOCK_M, 128]: the MMA's A
+        q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)
     else:
-        q_op = load_q_t(q_ptr, q_off, row_ok, DOT)  # [128, BLOCK_M]: the MMA's B
-    r = tl.load(blk_ptr + blk)
+        q_op = load_q_t(q_ptr, q_off, row_ok, DOT)
+    return blk, split, rows, token, h, local, row_ok, start, end, q_op, tl.load(blk_ptr + blk)
+
+
+@triton.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks"],
+            do_not_specialize_on_alignment=_SEQ_PTRS)
+def _prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
+                          qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
+                          win_ptr, out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                          NUM_SPLITS: tl.constexpr, DOT: tl.constexpr, WINDOW: tl.constexpr = 1,
+                          KEEP: tl.constexpr = 16, TOKENS_N: tl.constexpr = False):
+    blk, split, rows, token, h, local, row_ok, start, end, q_op, r = _score_prologue(
+        q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+        num_blocks, H, BLOCK_M, NUM_SPLITS, DOT, TOKENS_N)
     ws_page0 = ws_ptr + tl.load(ws_off_ptr + (r - req_base)).to(tl.int64) * WS_PAGE
     top = scan_pages(start, end, local, (ws_page0,), (q_op,), win_ptr,
                      blk * NUM_SPLITS + split, 0, 1, _ws_page_scores, DOT, TOKENS_N, BLOCK_M,
@@ -110,25 +123,15 @@ def _prefill_direct_score_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, 
                                  TOKENS_N: tl.constexpr = False):
     """``_prefill_score_kernel`` reading request r's page j straight from the paged cache
     (block ``bt_ptr[(r - req_base) * bt_row_stride + j]``, clamped to ``[0, cache_blocks)``:
-    SPEC 10), dequantized to E4M3 (SPEC 1.4) in
-    the page loop: the workspace's bytes, so the same scores and lists as gather + score. The
-    Triton twin of ``prefill_wgmma.prefill_wgmma_direct_kernel`` (same runtime arguments;
-    ``tbl_ptr`` is not read; window scratch: none, so WINDOW must be 1). For CPU tests (the
-    interpreter) and GPU cross-checks; no launch path of the library takes it."""
+    SPEC 10), dequantized to E4M3 (SPEC 1.4) in the page loop: the workspace's bytes, so the
+    same scores and lists as gather + score. The Triton twin of
+    ``prefill_wgmma.prefill_wgmma_direct_kernel`` (same runtime arguments; ``tbl_ptr`` is not
+    read; window scratch: none, so WINDOW must be 1), for CPU tests (the interpreter); no
+    launch path of the library takes it."""
     tl.static_assert(WINDOW == 1, "the direct score kernel has no window scratch")
-    blk = tl.program_id(0)
-    split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
-                                              num_blocks, blk, rows, H)
-    n = scored_pages(tl.max(tl.where(row_ok, local, 0), 0))  # the block's largest L
-    start, end = split_range(n, split, NUM_SPLITS)
-    q_off = token * q_tok_stride + h * q_head_stride
-    if TOKENS_N:
-        q_op = load_q_rows(q_ptr, q_off, row_ok, DOT)
-    else:
-        q_op = load_q_t(q_ptr, q_off, row_ok, DOT)
-    r = tl.load(blk_ptr + blk)
+    blk, split, rows, token, h, local, row_ok, start, end, q_op, r = _score_prologue(
+        q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
+        num_blocks, H, BLOCK_M, NUM_SPLITS, DOT, TOKENS_N)
     bt_row = bt_ptr + (r - req_base).to(tl.int64) * bt_row_stride
     # no window: win_ptr (cand_ptr here) is not read
     top = scan_pages(start, end, local, (cache_ptr, page_stride, cache_blocks, bt_row), (q_op,),

@@ -201,6 +201,11 @@ cvt.rn.f16x2.e4m3x2 $3, e3;
 # up the 8 magnitudes; per output pair one permute spreads two of them to bytes 0 and 2, a
 # shift moves them to fp16 bits 7..14, and one permute + lop3 put the two signs on bits 15, 31
 # (the low nibble's sign is bit 7 of the code byte shifted left by 4).
+_LUT_PAIR = """prmt.b32 t, {mags}, z, {spread};
+shl.b32 t, t, 7;
+prmt.b32 g, v, v4, {signs};
+lop3.b32 ${out}, t, g, 0x80008000, 0xF8;
+"""
 _F16X2_LUT_PTX = gl.constexpr("""{
 .reg .b32 v, v4, m, ma, mb, z, t, g;
 xor.b32 v, $4, $7;
@@ -210,23 +215,10 @@ prmt.b32 ma, $5, $6, m;
 shr.u32 m, m, 16;
 prmt.b32 mb, $5, $6, m;
 mov.b32 z, 0;
-prmt.b32 t, ma, z, 0x5140;
-shl.b32 t, t, 7;
-prmt.b32 g, v, v4, 0x0040;
-lop3.b32 $0, t, g, 0x80008000, 0xF8;
-prmt.b32 t, ma, z, 0x5342;
-shl.b32 t, t, 7;
-prmt.b32 g, v, v4, 0x1151;
-lop3.b32 $1, t, g, 0x80008000, 0xF8;
-prmt.b32 t, mb, z, 0x5140;
-shl.b32 t, t, 7;
-prmt.b32 g, v, v4, 0x2262;
-lop3.b32 $2, t, g, 0x80008000, 0xF8;
-prmt.b32 t, mb, z, 0x5342;
-shl.b32 t, t, 7;
-prmt.b32 g, v, v4, 0x3373;
-lop3.b32 $3, t, g, 0x80008000, 0xF8;
-}""")
+""" + "".join(_LUT_PAIR.format(out=b, mags="ma" if b < 2 else "mb",
+                               spread="0x5140" if b % 2 == 0 else "0x5342",
+                               signs=f"0x{b}{b}{b + 4}{b}" if b else "0x0040")
+              for b in range(4)) + "}")
 
 
 @gluon.jit
@@ -406,7 +398,8 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
     for i in gl.static_range(NB):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
-    # partitions get scalars and shared memory only (tensors stay in the default partition)
+    # partitions get scalars and shared memory only (tensors stay in the default partition;
+    # a partition's function cannot be bound to a variable in Gluon: one call per converter)
     if DIRECT:
         bt_row = bt_ptr + (r - req_base).to(gl.int64) * bt_row_stride
         gl.warp_specialize([
