@@ -268,8 +268,8 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     ``_launch_template``'s ``kernel``) on the CPU, with the Triton twin in the Gluon kernel's
     place under its contract (window 1, KEEP 16, no window scratch): the 18-page chunk (2
     splits of 9 pages) takes it, with the real kernel's runtime arity, and the 16-page chunk
-    (8 pages per split) the Triton kernel; rows equal the public ops, the rest stays
-    poisoned. (The dispatched BLOCK_M set is widened to this small step's.) ``direct``: the
+    (8 pages per split; ``PREFILL_WGMMA_SHORT_SPLITS`` off) the Triton kernel; rows equal the
+    public ops, the rest stays poisoned. (The dispatched BLOCK_M set is widened to this small step's.) ``direct``: the
     Gluon chunk reads the cache with the direct kernel's twin (no gather launch), with the
     real direct kernel's runtime arity; "misaligned": planned so, but ``forward`` gets a cache
     view whose base is not 16-byte aligned and gathers both chunks as before; "later": direct
@@ -292,6 +292,8 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
         engine.Indexer._triton_prefill, gathers))
     monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
     monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))  # this step's BLOCK_M
+    # one chunk per kernel: the 16-page chunk keeps the Triton rule's 2 splits of 8 pages
+    monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", False)
     monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
     monkeypatch.setattr(pw, "launch_options", lambda: dict(DOT="fp32", WINDOW=1, KEEP=16,
                                                            TOKENS_N=False))

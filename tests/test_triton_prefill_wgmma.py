@@ -52,16 +52,17 @@ def test_dispatch_rule():
     assert big["scratch"] == 2 * big["cand"]
     tri = HZ.prefill_launch(512, 1023, 128, 132)
     assert tri["kernel"] == "triton" and tri["win"] == 32 and tri["ns"] == 3
-    # its own split target: at most 2 programs per SM (no partial third wave), at least 2,
-    # at most the Triton rule's
+    # its own split target: at most 1 program per SM (one wave), at least 2, at most the
+    # Triton rule's
     assert big["ns"] == 2
     assert HZ.prefill_launch(128, 1023, 128, 132, wgmma=True)["ns"] == 2  # Triton: 9
-    assert HZ.prefill_launch(32, 1023, 128, 132, wgmma=True)["ns"] == 8  # 256 <= 264 programs
-    assert HZ.prefill_launch(64, 1023, 128, 132, wgmma=True)["ns"] == 4
+    assert HZ.prefill_launch(32, 1023, 128, 132, wgmma=True)["ns"] == 4  # 128 <= 132 programs
+    assert HZ.prefill_launch(64, 1023, 128, 132, wgmma=True)["ns"] == 2
+    assert HZ.prefill_launch(8, 1023, 128, 132, wgmma=True)["ns"] == 16
     for blocks in (1, 7, 32, 33, 64, 100, 128, 132, 200, 264):
         lp = HZ.prefill_launch(blocks, 1023, 128, 132, wgmma=True)
-        if lp["kernel"] == "wgmma":  # few blocks: the Triton rule's short splits keep < 16
-            assert lp["ns"] == 2 or blocks * lp["ns"] <= 2 * 132, (blocks, lp["ns"])
+        assert lp["kernel"] == "wgmma" and lp["keep"] == 16, blocks
+        assert lp["ns"] == 2 or blocks * lp["ns"] <= 132, (blocks, lp["ns"])
     assert HZ.prefill_launch(2048, 1023, 128, 132, wgmma=True)["ns"] == 1  # Triton: 1
     assert HZ.prefill_launch(512, 1023, 128, 132, num_splits=5, wgmma=True)["ns"] == 5
     assert HZ.prefill_launch(512, 1023, 64, 132, wgmma=True)["kernel"] == "triton"
@@ -76,6 +77,35 @@ def test_dispatch_rule():
         assert HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)
         assert not HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", False)
         assert not HZ.prefill_wgmma_ok(torch.device(DEV), "bf16", True)
+
+
+def test_dispatch_rule_short_splits(monkeypatch):
+    """Chunks of few row blocks, whose Triton-rule splits are short (keep < 16), take the Gluon
+    kernel with fewer splits of > 8 pages each (its own target, capped so that every split keeps
+    16); ``PREFILL_WGMMA_SHORT_SPLITS`` off restores the Triton kernel there."""
+    cases = {  # (row blocks, score pages): (Triton rule's splits, keep), Gluon splits
+        (32, 255): ((33, 8), 4),  # 1K new tokens x 32K: 33 x 8 pages -> 4 x 64
+        (8, 1023): ((132, 8), 16),  # 256 x 128K (an Indexer chunk of 1K x 128K x 4)
+        (8, 255): ((64, 4), 16),  # 256 x 32K (an Indexer chunk of 1K x 32K x 4)
+        (16, 60): ((15, 4), 7),  # capped: 7 x 9 pages (its target, 8 x 8, would keep 8)
+        (32, 31): ((8, 4), 3),
+        (4, 9): ((3, 4), 1),
+    }
+    for (blocks, pages), ((tns, tkeep), gns) in cases.items():
+        tri = HZ.prefill_launch(blocks, pages, 128, 132)
+        assert (tri["kernel"], tri["ns"], tri["keep"]) == ("triton", tns, tkeep), (blocks, pages)
+        g = HZ.prefill_launch(blocks, pages, 128, 132, wgmma=True)
+        assert (g["kernel"], g["ns"], g["keep"], g["win"]) == ("wgmma", gns, 16, 1), (blocks,
+                                                                                   pages)
+        assert -(-pages // g["ns"]) > 8
+    # 8 pages cannot keep 16 in any split: the Triton kernel stays
+    assert HZ.prefill_launch(4, 8, 128, 132, wgmma=True)["kernel"] == "triton"
+    assert HZ.prefill_launch(32, 255, 128, 132, num_splits=33, wgmma=True)["kernel"] == "triton"
+    monkeypatch.setattr(HZ, "PREFILL_WGMMA_SHORT_SPLITS", False)
+    for (blocks, pages), ((tns, tkeep), _) in cases.items():
+        g = HZ.prefill_launch(blocks, pages, 128, 132, wgmma=True)
+        assert (g["kernel"], g["ns"], g["keep"]) == ("triton", tns, tkeep), (blocks, pages)
+    assert HZ.prefill_launch(32, 1023, 128, 132, wgmma=True)["ns"] == 4
 
 
 def test_cap_counts_only_the_gluon_scratch():

@@ -49,7 +49,10 @@ PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
 PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel takes 3 stages
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
 PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
-PREFILL_WGMMA_PROGRAMS_PER_SM = 2  # its split target (one CTA per SM), at least 2 splits
+PREFILL_WGMMA_PROGRAMS_PER_SM = 1  # its split target (one CTA per SM: one wave), at least 2 splits
+# the Gluon kernel also takes chunks whose Triton-rule splits keep < 16 candidates (few row
+# blocks, e.g. 1K-token chunks: 33 splits of 8 pages) when its own split target keeps 16
+PREFILL_WGMMA_SHORT_SPLITS = True
 # Gluon chunks read their pages straight from the cache (``prefill_wgmma_direct_kernel``: no
 # gather, no workspace) when the cache allows it (``prefill_direct_ok``). Off: on the H200 its
 # converter (one warp per scheduler, ~500 instructions per page) falls behind the consumers:
@@ -244,12 +247,17 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         ns = 1
     else:
         ns = num_splits or prefill_num_splits(num_blocks, score_pages, num_sms)
-        if (num_splits is None and wgmma and block_m in PREFILL_WGMMA_BLOCK_M
-                and keep_for_pages(cdiv(score_pages, ns)) == TOPK):
-            # one CTA of 12 warps per SM: at most two waves up to SMs row blocks (H200: 32 row
-            # blocks x 9 splits = 2.2 waves took 1.33x 8 splits' time; docs/benchmarks.md);
-            # from SMs + 1 to 2 x SMs - 1 row blocks the floor of 2 splits overrides (unmeasured)
-            ns = min(ns, max(2, PREFILL_WGMMA_PROGRAMS_PER_SM * num_sms // num_blocks))
+        if num_splits is None and wgmma and block_m in PREFILL_WGMMA_BLOCK_M:
+            # one CTA of 12 warps per SM: one wave up to SMs / 2 row blocks (H200: 8 / 32 row
+            # blocks at 16 / 4 splits 1.05-1.4x faster than at 2 waves, 1.33x than at 2.2
+            # waves), else the floor of 2 splits (128 / 512 row blocks: 1.04-1.06x faster than
+            # 1 split); docs/benchmarks.md, issue 15, ninth step
+            ns_g = min(ns, max(2, PREFILL_WGMMA_PROGRAMS_PER_SM * num_sms // num_blocks))
+            if PREFILL_WGMMA_SHORT_SPLITS:  # fewer splits where that makes them keep 16
+                ns_g = min(ns_g, max(1, (score_pages - 1) // (TOPK // 2)))
+            if keep_for_pages(cdiv(score_pages, ns_g)) == TOPK and (
+                    PREFILL_WGMMA_SHORT_SPLITS or keep_for_pages(cdiv(score_pages, ns)) == TOPK):
+                ns = ns_g
     force_win1 = False
     while True:
         per = cdiv(max(score_pages, 1), ns)  # pages of the longest split
