@@ -230,11 +230,13 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         when every row is short). block_m: BLOCK_M. num_sms: the GPU's SMs.
         num_splits / window: overrides (``PrefillConfig``). cap: float32 elements the scratch
         may take; fewer splits (then window 1) until it fits (engine's shared buffer).
-        wgmma: the Gluon kernel may run (``prefill_wgmma_ok``): a chunk whose splits keep 16
-        candidates (> 8 pages) with BLOCK_M in ``PREFILL_WGMMA_BLOCK_M`` takes it, with
-        fewer default splits (``PREFILL_WGMMA_PROGRAMS_PER_SM`` per SM, at least 2, at most
-        the Triton kernel's); it inserts every page's candidates directly (window 1, no
-        window scratch: ``cap`` counts only its candidates).
+        wgmma: the Gluon kernel may run (``prefill_wgmma_ok``): a chunk with BLOCK_M in
+        ``PREFILL_WGMMA_BLOCK_M`` takes it when its splits keep 16 candidates (> 8 pages),
+        with its own default split count (``PREFILL_WGMMA_PROGRAMS_PER_SM`` per SM, at least
+        2, at most the Triton kernel's; with ``PREFILL_WGMMA_SHORT_SPLITS`` also where the
+        Triton rule's splits keep < 16, the count capped at ``(pages - 1) // 8``); it inserts
+        every page's candidates directly (window 1, no window scratch: ``cap`` counts only
+        its candidates).
     Returns:
         dict ``ns, keep, win, block_m, cand`` (int64 candidate elements, 0 unsplit),
         ``win_elems`` (fp32 window elements, 0 for window 1), ``scratch`` (float32 elements:
