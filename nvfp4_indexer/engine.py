@@ -602,7 +602,9 @@ class Indexer:
 
     def _score_buffer_elems(self) -> int:
         """float32 elements of the shared scratch: the largest decode runner's need over every
-        (B, Q) this config can plan, and a full prefill chunk's (Triton only)."""
+        (B, Q) this config can plan, and a full prefill chunk's (Triton only; by the Triton
+        kernel's rule: a Gluon chunk of few row blocks may want up to ~2x that and is planned
+        with fewer splits where it does not fit, ``_prefill_launch``'s ``cap``)."""
         c = self.config
         if self.backend != "triton":
             return 2

@@ -262,7 +262,7 @@ def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check")
-@pytest.mark.parametrize("direct", [False, True, "misaligned", "later"])
+@pytest.mark.parametrize("direct", [False, True, "misaligned", "later", "short"])
 def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     """The Indexer's Gluon prefill branch (``_setup_triton``'s ``prefill_wgmma_ok``,
     ``_launch_template``'s ``kernel``) on the CPU, with the Triton twin in the Gluon kernel's
@@ -274,7 +274,9 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     real direct kernel's runtime arity; "misaligned": planned so, but ``forward`` gets a cache
     view whose base is not 16-byte aligned and gathers both chunks as before; "later": direct
     with the two prefill requests swapped, so the Gluon chunk is the second one (request base
-    1, the step's block table sliced)."""
+    1, the step's block table sliced); "short": ``PREFILL_WGMMA_SHORT_SPLITS`` on (the
+    default), so the 16-page chunk takes the Gluon kernel too, unsplit (its 15 pages capped
+    at one split of > 8)."""
     from nvfp4_indexer import engine
     from nvfp4_indexer.triton import heuristics as hz
     from nvfp4_indexer.triton import prefill as tp
@@ -283,17 +285,18 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     real, real_options = pw.prefill_wgmma_kernel, pw.launch_options()
     real_direct = pw.prefill_wgmma_direct_kernel
     monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
-    monkeypatch.setattr(hz, "PREFILL_DIRECT", bool(direct))
+    monkeypatch.setattr(hz, "PREFILL_DIRECT", bool(direct) and direct != "short")
     later = direct == "later"
-    direct = True if later else direct
+    short = direct == "short"
+    direct = True if later else False if short else direct
     monkeypatch.setattr(pw, "prefill_wgmma_direct_kernel", tp._prefill_direct_score_kernel)
     gathers = []
     monkeypatch.setattr(engine.Indexer, "_triton_prefill", _counting_gathers(
         engine.Indexer._triton_prefill, gathers))
     monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
     monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))  # this step's BLOCK_M
-    # one chunk per kernel: the 16-page chunk keeps the Triton rule's 2 splits of 8 pages
-    monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", False)
+    # one chunk per kernel (but "short"): the 16-page chunk keeps the Triton rule's 2 x 8 pages
+    monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", short)
     monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
     monkeypatch.setattr(pw, "launch_options", lambda: dict(DOT="fp32", WINDOW=1, KEEP=16,
                                                            TOKENS_N=False))
@@ -322,7 +325,8 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
                     ref = CachedLaunch(real_direct, H=H, BLOCK_M=128,
                                        NUM_SPLITS=ch.launch["ns"], **real_options)
                     assert ref.num_runtime == 3 + 3 + len(ch.launch["direct"][1]) + 1
-        assert kinds == ([(False, 2), (True, 2)] if later else [(True, 2), (False, 2)]), kinds
+        assert kinds == ([(True, 2), (True, 1)] if short else [(False, 2), (True, 2)] if later
+                         else [(True, 2), (False, 2)]), kinds
         rows = sum(q_lens)
         if direct == "misaligned":
             from test_triton_prefill_wgmma import _misaligned

@@ -84,9 +84,9 @@ def test_dispatch_rule_short_splits(monkeypatch):
     kernel with fewer splits of > 8 pages each (its own target, capped so that every split keeps
     16); ``PREFILL_WGMMA_SHORT_SPLITS`` off restores the Triton kernel there."""
     cases = {  # (row blocks, score pages): (Triton rule's splits, keep), Gluon splits
-        (32, 255): ((33, 8), 4),  # 1K new tokens x 32K: 33 x 8 pages -> 4 x 64
-        (8, 1023): ((132, 8), 16),  # 256 x 128K (an Indexer chunk of 1K x 128K x 4)
-        (8, 255): ((64, 4), 16),  # 256 x 32K (an Indexer chunk of 1K x 32K x 4)
+        (32, 263): ((33, 8), 4),  # 1K new tokens x 32K: 33 x 8 pages -> 4 x 66
+        (8, 1025): ((132, 8), 16),  # 256 x 128K (an Indexer chunk of 1K x 128K x 4)
+        (8, 257): ((65, 4), 16),  # 256 x 32K (an Indexer chunk of 1K x 32K x 4)
         (16, 60): ((15, 4), 7),  # capped: 7 x 9 pages (its target, 8 x 8, would keep 8)
         (32, 31): ((8, 4), 3),
         (4, 9): ((3, 4), 1),

@@ -49,7 +49,8 @@ PREFILL_PROGRAMS_PER_SM = 8  # split target of the prefill score kernel
 PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel takes 3 stages
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
 PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
-PREFILL_WGMMA_PROGRAMS_PER_SM = 1  # its split target (one CTA per SM: one wave), at least 2 splits
+PREFILL_WGMMA_PROGRAMS_PER_SM = 1  # its split target (one CTA per SM: one wave), at least 2
+# splits (fewer only where a split would otherwise keep < 16: PREFILL_WGMMA_SHORT_SPLITS)
 # the Gluon kernel also takes chunks whose Triton-rule splits keep < 16 candidates (few row
 # blocks, e.g. 1K-token chunks: 33 splits of 8 pages) when its own split target keeps 16
 PREFILL_WGMMA_SHORT_SPLITS = True
