@@ -13,6 +13,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --wgflat               # the Gluon page-per-warp scorer
     python -m benchmarks.sass_stats --prefill-wgmma        # the Gluon prefill score kernel
     python -m benchmarks.sass_stats --redux-select [--arch 100]  # the Gluon select kernel
+    python -m benchmarks.sass_stats --merge                # prefill merge: rounds vs top-16
 
 The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
@@ -373,6 +374,31 @@ def wgmma_report() -> list[str]:
     return lines
 
 
+PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", caps_ptr="*i32",
+                    blk_ptr="*i32", num_blocks="i32", out_ptr="*i32")
+
+
+def merge_report() -> list[str]:
+    """Static SASS of the prefill merge kernel (one row per program, no loops) with the 15
+    rounds of max-and-remove (SORT 0) and the bitonic top-16 (SORT 1), per split count."""
+    from nvfp4_indexer.triton import heuristics as hz
+    from nvfp4_indexer.triton.prefill import _prefill_merge_kernel
+    lines = []
+    for ns, keep in ((2, 16), (4, 16), (16, 16), (33, 16), (2, 8)):
+        rows, warps = hz.merge_config(ns, keep)
+        for sort in (0, 1):
+            k = _compile(_prefill_merge_kernel, PMERGE_TYPES,
+                         dict(H=4, BLOCK_M=128, NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns),
+                              ROWS=rows, KEEP=keep, SORT=sort), ("cand_ptr", "out_ptr"),
+                         warps, 1, None)
+            st, txt = sass_stats(k), sass_text(k)
+            lines.append(f"merge splits {ns:2d} keep {keep:2d} warps {warps} SORT {sort}: "
+                         f"{st['registers']} registers, {st['local_bytes']} B local, "
+                         f"{st['instructions']} SASS instructions, {txt.count('SHFL')} SHFL, "
+                         f"{txt.count('BAR')} BAR")
+    return lines
+
+
 def elementwise_report() -> list[str]:
     """Static SASS sizes of the gather and insert kernels (no loops: every instruction runs
     once per program, except the rarely taken slow paths of IEEE division / sqrt)."""
@@ -472,10 +498,16 @@ def main(argv=None) -> int:
                     help="the Gluon prefill score kernel (prefill_wgmma)")
     ap.add_argument("--redux-select", action="store_true",
                     help="the Gluon select kernel of the page-score paths (redux_select)")
+    ap.add_argument("--merge", action="store_true",
+                    help="the prefill merge kernel: 15 rounds against the bitonic top-16")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
+    if args.merge:
+        for line in merge_report():
+            print(line, flush=True)
+        return 0
     if args.redux_select:
         for line in redux_select_report(args.arch):
             print(line, flush=True)

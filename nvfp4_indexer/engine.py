@@ -1074,7 +1074,8 @@ class Indexer:
                 merge = (_cdiv(block_m, mrows),
                          CachedLaunch(mk, H=self.config.num_heads, BLOCK_M=block_m,
                                       NUM_SPLITS=ns, SPLITS_PAD=L["splits_pad"], ROWS=mrows,
-                                      KEEP=keep, num_warps=warps))
+                                      KEEP=keep, SORT=int(_kernels().heuristics.PREFILL_MERGE_SORT),
+                                      num_warps=warps))
             cand, win = self._scratch_views(L["cand"], L["win_elems"])
             got = self._templates[key] = (L, score, merge, cand, win, direct)
         return got

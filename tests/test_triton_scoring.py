@@ -525,6 +525,15 @@ def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
                     rows_request_of(qsl))
 
 
+def test_prefill_merge_sort_matches_reference(monkeypatch):
+    """``heuristics.PREFILL_MERGE_SORT`` on (the merge's bitonic top-16): ``prefill_indexer``
+    with 3 and 2 splits still selects as the reference (16-32 candidate columns per row:
+    through ``write_selection_sorted``)."""
+    monkeypatch.setattr(HZ, "PREFILL_MERGE_SORT", True)
+    test_prefill_matches_reference(2, 3, 17, 2, None)
+    test_prefill_matches_reference(2, 2, None, 2, 16)
+
+
 def test_prefill_api_and_nan_page():
     batch, qsl = prefill_batch([(4, 2200), (2, 130)], seed=51)
     batch.page_bytes(int(batch.block_table[0, 5]))[8192:] = 0x7F
@@ -784,3 +793,46 @@ def test_prefill_stages_rule():
     # the benchmark's shapes: 16K x 128K (512 blocks) deep, 1K x 128K (32 blocks) shallow
     assert HZ.prefill_launch(512, 1151, 128, 132)["stages"] == 3
     assert HZ.prefill_launch(32, 1031, 128, 132)["stages"] == 2
+
+
+@pytest.mark.parametrize("num_splits,keep", [(2, 16), (3, 8), (4, 16), (2, 4), (16, 16)])
+@pytest.mark.parametrize("seq_len", [5 * 128 + 7, 40 * 128 + 9])
+def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
+    """The prefill merge kernel's bitonic top-16 selection (``SORT=1``,
+    ``topk.write_selection_sorted``) writes exactly what the 15 rounds of max-and-remove
+    write (``SORT=0``): distinct random keys with EMPTY slots (a row with fewer than 15 real
+    candidates included), padded split columns (3 splits), rows short (L <= 15: the rounds
+    skipped) or long, and the fallback to the rounds below 16 and above 64 columns (2 x 4,
+    16 x 16); rows past the request stay poisoned (SPEC 5, 10)."""
+    from nvfp4_indexer.triton.topk import EMPTY
+    H, block_m, tokens = 4, 16, 7
+    rows = tokens * H
+    nb = -(-rows // block_m)
+    gen = torch.Generator().manual_seed(num_splits * 100 + keep + seq_len)
+    n = nb * block_m * num_splits * keep
+    ids = torch.randperm(2 ** 20, generator=gen)[:n].to(torch.int64)
+    scores = torch.randint(-2 ** 31, 2 ** 31, (n,), generator=gen, dtype=torch.int64)
+    cand = (scores << 32) | (0xFFFFFFFF - ids)  # distinct: the ids differ
+    cand[torch.rand(n, generator=gen) < 0.2] = int(EMPTY.value)
+    cand.view(nb * block_m, -1)[3, 2:] = int(EMPTY.value)  # row 3: two real candidates
+    qsl = torch.tensor([0, tokens], dtype=torch.int32)
+    seq = torch.tensor([seq_len], dtype=torch.int32)
+    blk = torch.tensor([0] * nb + [i * block_m for i in range(nb)], dtype=torch.int32)
+    outs = []
+    for sort in (0, 1):
+        out = torch.full((tokens + 2, H, 16), -99, dtype=torch.int32)
+        PREFILL._prefill_merge_kernel[(nb, block_m)](
+            cand.to(DEV), qsl.to(DEV), seq.to(DEV), seq.to(DEV), blk.to(DEV), nb,
+            out_dev := out.to(DEV), H=H, BLOCK_M=block_m, NUM_SPLITS=num_splits,
+            SPLITS_PAD=HZ.next_pow2(num_splits), ROWS=1, KEEP=keep, SORT=sort)
+        outs.append(out_dev.cpu())
+    assert torch.equal(outs[0], outs[1])
+    assert bool((outs[1][tokens:] == -99).all()) and bool((outs[1][:tokens] != -99).all())
+    if seq_len > 16 * 128:  # long rows: the 15 best of each row's candidates, in order
+        keys = cand.view(nb * block_m, -1)
+        for r in (0, 3, rows - 1):
+            live = keys[r][keys[r] != int(EMPTY.value)]
+            best = live.sort(descending=True).values[:15]
+            want = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(torch.int32)
+            got = outs[1][r // H, r % H, :len(want)]
+            assert torch.equal(got, want), r

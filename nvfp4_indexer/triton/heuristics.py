@@ -60,6 +60,11 @@ PREFILL_WGMMA_SHORT_SPLITS = True
 # 1.22-1.24x slower kernels, far more than the gather it saves (docs/benchmarks.md, issue 15,
 # eighth step)
 PREFILL_DIRECT = False
+# the prefill merge kernel selects by one bitonic top-16 per row (tl.topk) instead of 15 rounds
+# of max-and-remove where a row has 16-64 candidates (same output; topk.write_selection_sorted;
+# offline SM90 2.8x fewer instructions at 2 splits). Off: equal to the rounds in the
+# interpreter, compiled offline, not yet run on a GPU (docs/benchmarks.md, issue 15, ninth step)
+PREFILL_MERGE_SORT = False
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)

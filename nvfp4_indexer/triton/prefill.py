@@ -178,14 +178,14 @@ def _ws_page_scores(page_src, j, q_ops, DOT: tl.constexpr, TOKENS_N: tl.constexp
 def _prefill_merge_kernel(cand_ptr, qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks,
                           out_ptr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                           NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr,
-                          KEEP: tl.constexpr = 16):
+                          KEEP: tl.constexpr = 16, SORT: tl.constexpr = 0):
     blk = tl.program_id(0)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
                                               num_blocks, blk, rows, H)
     row_ok = row_ok & (rows < BLOCK_M)
     merge_splits(cand_ptr, (blk * BLOCK_M + rows).to(tl.int64), row_ok, local,
-                 out_ptr + out_offsets(token, h, H), NUM_SPLITS, SPLITS_PAD, KEEP)
+                 out_ptr + out_offsets(token, h, H), NUM_SPLITS, SPLITS_PAD, KEEP, SORT)
 
 
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -290,5 +290,5 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
                     cand, cu_seqlens_q, seq_lens, seq_lens, blocks, nb, out, H=h,
                     BLOCK_M=block_m, NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns), ROWS=rows,
-                    KEEP=keep, num_warps=warps)
+                    KEEP=keep, SORT=int(hz.PREFILL_MERGE_SORT), num_warps=warps)
     return out

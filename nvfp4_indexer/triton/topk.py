@@ -182,6 +182,22 @@ def write_selection(keys, local_page, out_row_ptr, row_mask):
 
 
 @triton.jit
+def write_selection_sorted(keys, local_page, out_row_ptr, row_mask):
+    """``write_selection`` with the 15 rounds of max-and-remove replaced by one bitonic
+    top-16 of each row (``tl.topk``, descending): the same output, since real candidates are
+    distinct (their low halves are distinct ids) and only ``EMPTY`` repeats, which both forms
+    emit as often as it is reached. ``keys`` ``[R, C]`` with C a power of two >= 16."""
+    slot = tl.arange(0, TOPK)[None, :]
+    res = tl.full([keys.shape[0], TOPK], -1, tl.int32)
+    if tl.max(tl.where(row_mask, local_page, 0), 0) > HISTORY:
+        res = candidate_id(tl.topk(keys, TOPK, dim=1))
+    lp = local_page[:, None]
+    res = tl.where(slot == HISTORY, lp, res)  # slot 15: the local page
+    res = tl.where(lp <= HISTORY, tl.where(slot <= lp, slot, -1), res)
+    tl.store(out_row_ptr[:, None] + slot, res, mask=row_mask[:, None])
+
+
+@triton.jit
 def load_candidates(scratch_ptr, rows, row_mask, NUM_SPLITS: tl.constexpr,
                     SPLITS_PAD: tl.constexpr, KEEP: tl.constexpr = 16):
     """Candidates ``int64 [R, SPLITS_PAD * KEEP]`` of scratch rows ``rows [R]`` (int64 row
