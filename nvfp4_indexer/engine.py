@@ -560,8 +560,9 @@ class Indexer:
     def _setup_triton(self) -> None:
         """What every prefill launch shares, resolved once: dot mode, gather tuning (as
         ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view,
-        and whether Gluon chunks may read the cache directly (``heuristics.PREFILL_DIRECT``,
-        read here: set it before constructing the Indexer) with the lookup table they use."""
+        whether Gluon chunks may read the cache directly (``heuristics.PREFILL_DIRECT``,
+        read here: set it before constructing the Indexer) with the lookup table they use, and
+        the merge's selection (``heuristics.PREFILL_MERGE_SORT``, read here too)."""
         from .triton.dot_modes import resolve_dot
         from .triton.gather import _gather_kernel, resolve_tuning
         from .triton.heuristics import TOKENS_ON_N_DOTS, num_sms
@@ -585,7 +586,8 @@ class Indexer:
         self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
         from .triton.heuristics import prefill_wgmma_ok
         self._wgmma = prefill_wgmma_ok(dev, self._dot, self._tokens_n)  # the Gluon scorer
-        from .triton.heuristics import PREFILL_DIRECT
+        from .triton.heuristics import PREFILL_DIRECT, PREFILL_MERGE_SORT
+        self._merge_sort = int(PREFILL_MERGE_SORT)  # templates are cached: fixed per Indexer
         # its chunks may read the cache directly (no gather) when the cache allows it
         self._direct = self._wgmma and PREFILL_DIRECT
         if self._direct:
@@ -1074,8 +1076,7 @@ class Indexer:
                 merge = (_cdiv(block_m, mrows),
                          CachedLaunch(mk, H=self.config.num_heads, BLOCK_M=block_m,
                                       NUM_SPLITS=ns, SPLITS_PAD=L["splits_pad"], ROWS=mrows,
-                                      KEEP=keep, SORT=int(_kernels().heuristics.PREFILL_MERGE_SORT),
-                                      num_warps=warps))
+                                      KEEP=keep, SORT=self._merge_sort, num_warps=warps))
             cand, win = self._scratch_views(L["cand"], L["win_elems"])
             got = self._templates[key] = (L, score, merge, cand, win, direct)
         return got

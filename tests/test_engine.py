@@ -855,12 +855,17 @@ def test_forward_per_layer_caches_of_other_sizes(cache):
         ix.forward(q, cache[:10], md, torch.empty((13, H, 16), dtype=torch.int32))
 
 
-def test_triton_chunks_of_several_requests(cache):
+@pytest.mark.parametrize("merge_sort", [False, True])
+def test_triton_chunks_of_several_requests(cache, monkeypatch, merge_sort):
     """Triton (interpreter): chunks of several requests (one with only short rows: no
     gather, one split), a later multi-request chunk and a one-request chunk; every row
     equals the public ops, rows past the step stay poisoned, and a re-plan of the same
-    step (the other staging slot) stages the same metadata."""
+    step (the other staging slot) stages the same metadata. ``merge_sort``:
+    ``heuristics.PREFILL_MERGE_SORT`` on at construction (the merges' bitonic top-16)."""
+    from nvfp4_indexer.triton import heuristics as hz
+    monkeypatch.setattr(hz, "PREFILL_MERGE_SORT", merge_sort)
     ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")  # 20 pages
+    assert ix._merge_sort == int(merge_sort)
     q_lens = [3, 3, 5, 30, 40, 20, 3]
     seqs = [2300, 900, 700, 2000, 2200, 300, 2400]  # prefill hist 5, 15 | 17, 2 | 18
     step = _step(q_lens, seqs, 2, seed=11)

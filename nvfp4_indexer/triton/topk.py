@@ -186,7 +186,9 @@ def write_selection_sorted(keys, local_page, out_row_ptr, row_mask):
     """``write_selection`` with the 15 rounds of max-and-remove replaced by one bitonic
     top-16 of each row (``tl.topk``, descending): the same output, since real candidates are
     distinct (their low halves are distinct ids) and only ``EMPTY`` repeats, which both forms
-    emit as often as it is reached. ``keys`` ``[R, C]`` with C a power of two >= 16."""
+    emit as often as it is reached. Requires that: a row with a repeated non-EMPTY key
+    (no scorer writes one) would get it twice here, once from the rounds. ``keys`` ``[R, C]``
+    with C a power of two >= 16."""
     slot = tl.arange(0, TOPK)[None, :]
     res = tl.full([keys.shape[0], TOPK], -1, tl.int32)
     if tl.max(tl.where(row_mask, local_page, 0), 0) > HISTORY:
