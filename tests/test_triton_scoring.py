@@ -836,3 +836,24 @@ def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
             want = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(torch.int32)
             got = outs[1][r // H, r % H, :len(want)]
             assert torch.equal(got, want), r
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 16), (2, 4, 8), (1, 16, 16)])
+def test_merge_lab_inputs_and_launch(shape):
+    """``benchmarks.labs.merge_lab``'s inputs and launch (what the GPU lab times) under the
+    interpreter at a small BLOCK_M: SORT 0 and 1 write every row, identically, and each long
+    row's 15 picks are the best of its candidates in order."""
+    from benchmarks.labs.merge_lab import launch_merge, merge_inputs, parse_shape
+    nb, ns, keep = shape
+    outs = []
+    for sort in (0, 1):
+        inp = merge_inputs(nb, ns, keep, DEV, block_m=16, seed=5)
+        launch_merge(inp, sort)
+        outs.append(inp["out"].cpu())
+    assert torch.equal(outs[0], outs[1]) and bool((outs[0] != -99).all())
+    keys = inp["cand"].cpu().view(nb * 16, -1)
+    live = keys[0][keys[0] != -(2 ** 63)].sort(descending=True).values[:15]
+    assert torch.equal(outs[1][0, 0, :15], (0xFFFFFFFF - (live & 0xFFFFFFFF)).to(torch.int32))
+    assert parse_shape("128:2:16") == (128, 2, 16)
+    with pytest.raises(Exception):
+        parse_shape("128:2:3")
