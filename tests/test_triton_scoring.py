@@ -528,7 +528,7 @@ def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
 def test_prefill_merge_sort_matches_reference(monkeypatch):
     """``heuristics.PREFILL_MERGE_SORT`` on (the merge's bitonic top-16): ``prefill_indexer``
     with 3 and 2 splits still selects as the reference (16-32 candidate columns per row:
-    through ``write_selection_sorted``)."""
+    through ``write_selection(SORT=1)``)."""
     monkeypatch.setattr(HZ, "PREFILL_MERGE_SORT", True)
     test_prefill_matches_reference(2, 3, 17, 2, None)
     test_prefill_matches_reference(2, 2, None, 2, 16)
@@ -799,7 +799,7 @@ def test_prefill_stages_rule():
 @pytest.mark.parametrize("seq_len", [5 * 128 + 7, 40 * 128 + 9])
 def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
     """The prefill merge kernel's bitonic top-16 selection (``SORT=1``,
-    ``topk.write_selection_sorted``) writes exactly what the 15 rounds of max-and-remove
+    ``topk.write_selection(SORT=1)``) writes exactly what the 15 rounds of max-and-remove
     write (``SORT=0``): distinct random keys with EMPTY slots (a row with fewer than 15 real
     candidates included), padded split columns (3 splits), rows short (L <= 15: the rounds
     skipped) or long, and the fallback to the rounds below 16 and above 64 columns (2 x 4,

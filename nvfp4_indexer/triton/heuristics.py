@@ -61,7 +61,7 @@ PREFILL_WGMMA_SHORT_SPLITS = True
 # eighth step)
 PREFILL_DIRECT = False
 # the prefill merge kernel selects by one bitonic top-16 per row (tl.topk) instead of 15 rounds
-# of max-and-remove where a row has 16-64 candidates (same output; topk.write_selection_sorted;
+# of max-and-remove where a row has 16-64 candidates (same output; topk.write_selection(SORT=1);
 # offline SM90 2.8x fewer instructions at 2 splits). Off: equal to the rounds in the
 # interpreter, compiled offline, not yet run on a GPU (docs/benchmarks.md, issue 15, ninth step)
 PREFILL_MERGE_SORT = False

@@ -399,7 +399,8 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     # partitions get scalars and shared memory only (tensors stay in the default partition;
-    # a partition's function cannot be bound to a variable in Gluon: one call per converter)
+    # a partition's function, or a tuple holding its layout arguments, cannot be bound to a
+    # variable in Gluon 3.6: one call per converter)
     if DIRECT:
         bt_row = bt_ptr + (r - req_base).to(gl.int64) * bt_row_stride
         gl.warp_specialize([

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .layout import PAGE, TOPK, local_page
 from .topk import (empty_topk, insert_page, load_candidates, merge_window_strided,
-                   store_candidates, window_buffer, write_selection, write_selection_sorted)
+                   store_candidates, window_buffer, write_selection)
 
 
 @triton.jit
@@ -72,15 +72,13 @@ def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl
                  SPLITS_PAD: tl.constexpr, KEEP: tl.constexpr, SORT: tl.constexpr = 0):
     """Merge kernel body: every split's candidates of scratch rows ``cand_rows [R]`` (int64)
     -> the SPEC 5 output at ``out_row_ptr [R]`` of the rows ``row_ok`` with local pages
-    ``local``. ``SORT``: select by one bitonic top-16 (``write_selection_sorted``) where a
-    row has 16-64 candidate columns (offline SM90: 224 against 624 SASS instructions at 2 x 16,
-    408 against 752 at 4 x 16; 1416 against 1448 at 16 x 16), else by 15 rounds of
-    max-and-remove (the same output)."""
+    ``local``. ``SORT``: select by one bitonic top-16 (``write_selection``'s ``SORT``) where
+    a row has 16-64 candidate columns (offline SM90, ``sass_stats --merge``: 224 against 624
+    SASS instructions at 2 x 16, 408 against 752 at 4 x 16; a build without the 64-column
+    limit had no fewer at 16 splits), else by 15 rounds of max-and-remove (the same output)."""
     keys = load_candidates(cand_ptr, cand_rows, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
-    if SORT and SPLITS_PAD * KEEP >= TOPK and SPLITS_PAD * KEEP <= 4 * TOPK:
-        write_selection_sorted(keys, local, out_row_ptr, row_ok)
-    else:
-        write_selection(keys, local, out_row_ptr, row_ok)
+    write_selection(keys, local, out_row_ptr, row_ok,
+                    SORT and SPLITS_PAD * KEEP >= TOPK and SPLITS_PAD * KEEP <= 4 * TOPK)
 
 
 @triton.jit

@@ -155,7 +155,7 @@ def merge_window_strided(top, buf, w0, w_end, local_page, WINDOW: tl.constexpr, 
 
 
 @triton.jit
-def write_selection(keys, local_page, out_row_ptr, row_mask):
+def write_selection(keys, local_page, out_row_ptr, row_mask, SORT: tl.constexpr = 0):
     """Select and store the SPEC 5 output of ``R`` query rows.
 
     Args:
@@ -164,35 +164,25 @@ def write_selection(keys, local_page, out_row_ptr, row_mask):
         local_page: int32 ``[R]``: L = p // 128, or 0 for padding rows (p < 0).
         out_row_ptr: ``[R]`` pointers to each row's 16 int32 output slots.
         row_mask: ``[R]`` bool, rows to store.
+        SORT: 1 selects by one bitonic top-16 of each row (``tl.topk``, descending; C a power
+            of two >= 16) instead of 15 rounds of max-and-remove: the same output, since real
+            candidates are distinct (their low halves are distinct ids) and only ``EMPTY``
+            repeats, which both forms emit as often as it is reached. Requires that: a row
+            with a repeated non-EMPTY key (no scorer writes one) would get it twice.
     Output per row: L <= 15 -> ``[0, 1, ..., L, -1, ...]`` (padding rows use L = 0 and get
-    ``[0, -1 x 15]``); L >= 16 -> the 15 largest candidates by key, then L. The 15 rounds of
-    max-and-remove run only when some stored row has L >= 16.
+    ``[0, -1 x 15]``); L >= 16 -> the 15 largest candidates by key, then L. The selection
+    runs only when some stored row has L >= 16.
     """
     slot = tl.arange(0, TOPK)[None, :]
     res = tl.full([keys.shape[0], TOPK], -1, tl.int32)
     if tl.max(tl.where(row_mask, local_page, 0), 0) > HISTORY:
-        for k in tl.static_range(HISTORY):
-            best = tl.max(keys, 1)
-            res = tl.where(slot == k, candidate_id(best)[:, None], res)
-            keys = tl.where(keys == best[:, None], EMPTY, keys)
-    lp = local_page[:, None]
-    res = tl.where(slot == HISTORY, lp, res)  # slot 15: the local page
-    res = tl.where(lp <= HISTORY, tl.where(slot <= lp, slot, -1), res)
-    tl.store(out_row_ptr[:, None] + slot, res, mask=row_mask[:, None])
-
-
-@triton.jit
-def write_selection_sorted(keys, local_page, out_row_ptr, row_mask):
-    """``write_selection`` with the 15 rounds of max-and-remove replaced by one bitonic
-    top-16 of each row (``tl.topk``, descending): the same output, since real candidates are
-    distinct (their low halves are distinct ids) and only ``EMPTY`` repeats, which both forms
-    emit as often as it is reached. Requires that: a row with a repeated non-EMPTY key
-    (no scorer writes one) would get it twice here, once from the rounds. ``keys`` ``[R, C]``
-    with C a power of two >= 16."""
-    slot = tl.arange(0, TOPK)[None, :]
-    res = tl.full([keys.shape[0], TOPK], -1, tl.int32)
-    if tl.max(tl.where(row_mask, local_page, 0), 0) > HISTORY:
-        res = candidate_id(tl.topk(keys, TOPK, dim=1))
+        if SORT:
+            res = candidate_id(tl.topk(keys, TOPK, dim=1))
+        else:
+            for k in tl.static_range(HISTORY):
+                best = tl.max(keys, 1)
+                res = tl.where(slot == k, candidate_id(best)[:, None], res)
+                keys = tl.where(keys == best[:, None], EMPTY, keys)
     lp = local_page[:, None]
     res = tl.where(slot == HISTORY, lp, res)  # slot 15: the local page
     res = tl.where(lp <= HISTORY, tl.where(slot <= lp, slot, -1), res)
