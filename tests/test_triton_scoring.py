@@ -525,11 +525,12 @@ def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
                     rows_request_of(qsl))
 
 
-def test_prefill_merge_sort_matches_reference(monkeypatch):
-    """``heuristics.PREFILL_MERGE_SORT`` on (the merge's bitonic top-16): ``prefill_indexer``
-    with 3 and 2 splits still selects as the reference (16-32 candidate columns per row:
-    through ``write_selection(SORT=1)``)."""
-    monkeypatch.setattr(HZ, "PREFILL_MERGE_SORT", True)
+@pytest.mark.parametrize("merge_sort", [False, True])
+def test_prefill_merge_selection_matches_reference(monkeypatch, merge_sort):
+    """``heuristics.PREFILL_MERGE_SORT`` on (the default: the merge's bitonic top-16 where a row
+    has 16-64 candidate columns, ``write_selection(SORT=1)``) and off (15 rounds):
+    ``prefill_indexer`` with 3 and 2 splits selects as the reference either way."""
+    monkeypatch.setattr(HZ, "PREFILL_MERGE_SORT", merge_sort)
     test_prefill_matches_reference(2, 3, 17, 2, None)
     test_prefill_matches_reference(2, 2, None, 2, 16)
 

@@ -61,10 +61,10 @@ PREFILL_WGMMA_SHORT_SPLITS = True
 # eighth step)
 PREFILL_DIRECT = False
 # the prefill merge kernel selects by one bitonic top-16 per row (tl.topk) instead of 15 rounds
-# of max-and-remove where a row has 16-64 candidates (same output; topk.write_selection(SORT=1);
-# offline SM90 2.8x fewer instructions at 2 splits). Off: equal to the rounds in the
-# interpreter, compiled offline, not yet run on a GPU (docs/benchmarks.md, issue 15, ninth step)
-PREFILL_MERGE_SORT = False
+# of max-and-remove where a row has 16-64 candidates (same output; topk.write_selection(SORT=1)).
+# On: H200 merge alone 1.4-1.6x faster (128x2 splits 16.2 -> 11.6 us, 512x2 58.1 -> 41.3, 32x4
+# 6.8 -> 4.3), bit-equal; 256-column rows keep the rounds (docs/benchmarks.md, issue 15, tenth step)
+PREFILL_MERGE_SORT = True
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
