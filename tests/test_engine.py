@@ -611,6 +611,89 @@ def test_plan_never_syncs_and_decode_graph_replays():
     assert bool((out[12:] == POISON).all())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_steps_replay_their_copies():
+    """Decode-only steps of one (B, Q) with the engine's tensors kept at fixed addresses and
+    rewritten in place every step: from the second plan on the copy is a graph replay; plans
+    never sync; each step's rows equal the reference, rows past the step stay poisoned; other
+    tensors (another key) and a narrower block table copy correctly too."""
+    dev = torch.device("cuda")
+    nb = 96
+    c = ni.new_index_cache(nb, device=dev)
+    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev),
+                     torch.randperm(nb * 128, device=dev))
+    cache_cpu = c.cpu()
+    ix = ni.Indexer(_config(device=dev))
+    q_lens, nd, width = [2, 2, 2, 0], 4, 26
+    qsl = torch.tensor([0, 2, 4, 6, 6], dtype=torch.int32)
+    bt = torch.zeros(4, width, dtype=torch.int32, device=dev)  # the engine's buffers
+    sl = torch.zeros(4, dtype=torch.int32, device=dev)
+    qsl_d = qsl.to(dev)
+    gen = torch.Generator().manual_seed(9)
+    ix.decoder(4, 2)  # first use compiles (one sync)
+    q = _queries(10).to(dev)
+    out = torch.empty((10, H, 16), dtype=torch.int32, device=dev)
+    dec = ix.decoders[(4, 2)]
+    for i in range(5):
+        seqs = torch.randint(3, 3072, (3,), generator=gen).tolist() + [0]
+        bt_cpu = torch.randint(0, nb, (4, width), dtype=torch.int32, generator=gen)
+        bt.copy_(bt_cpu)
+        sl.copy_(torch.tensor(seqs, dtype=torch.int32))
+        step = ni.StepMetadata(qsl_d, qsl, sl, sl.cpu(), bt, nd)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            md = ix.plan(step)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        out.fill_(POISON)
+        ix.forward(q, c, md, out)
+        cpu_step = ni.StepMetadata(qsl, qsl, torch.tensor(seqs, dtype=torch.int32),
+                                   torch.tensor(seqs, dtype=torch.int32), bt_cpu, nd)
+        want = _expected(q.cpu(), cache_cpu, cpu_step, 4, 2)  # the padding request's rows too
+        got = out.cpu()
+        assert _tie_free_equal(got[:8], want), f"step {i}"
+        assert bool((got[8:] == POISON).all())
+    assert (dec._copies.captures, dec._copies.replays) == (1, 3)
+    # other tensors (a new key, eager; fresh ones may reuse a freed address) and narrower or
+    # wider block tables (their own keys); the buffer is 24 pages wide
+    for w in (26, 20, 20, 20, 26, 26):
+        bt2 = torch.randint(0, nb, (4, w), dtype=torch.int32, device=dev)
+        sl2 = torch.tensor([500, 2000, min(w * 128, 3072), 0], dtype=torch.int32, device=dev)
+        ix.decode_block_table.fill_(-7)
+        ix.plan(ni.StepMetadata(qsl_d, qsl, sl2, sl2.cpu(), bt2, nd))
+        torch.cuda.synchronize()
+        wb = min(w, 24)
+        assert torch.equal(ix.decode_block_table[:4, :wb], bt2[:, :wb])
+        assert bool((ix.decode_block_table[:4, wb:] == -7).all())
+        assert torch.equal(ix.decode_seq_lens[:4], sl2)
+    # a repeated mixed step whose block table is narrower than the buffers (its decode rows
+    # are copied, through the graph from the second step), planned and run on a user stream
+    q_lens, seqs, nd = [2, 2, 2, 100, 37, 300], [2500, 300, 2550, 2100, 37, 2500], 3
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    bt = torch.zeros(6, 20, dtype=torch.int32, device=dev)
+    sl = torch.tensor(seqs, dtype=torch.int32, device=dev)
+    q = _queries(sum(q_lens) + 2, seed=4).to(dev)
+    out = torch.empty((sum(q_lens) + 2, H, 16), dtype=torch.int32, device=dev)
+    user = torch.cuda.Stream()
+    for i in range(3):
+        bt_cpu = torch.randint(0, nb, (6, 20), dtype=torch.int32, generator=gen)
+        with torch.cuda.stream(user):
+            bt.copy_(bt_cpu)
+            out.fill_(POISON)
+            md = ix.plan(ni.StepMetadata(qsl.to(dev), qsl, sl, sl.cpu(), bt, nd))
+            ix.forward(q, c, md, out)
+        user.synchronize()
+        want = _expected(q.cpu(), cache_cpu,
+                         ni.StepMetadata(qsl, qsl, sl.cpu(), sl.cpu(), bt_cpu, nd), nd, 2)
+        got = out.cpu()
+        assert _tie_free_equal(got[:sum(q_lens)], want), f"mixed step {i}"
+        assert bool((got[sum(q_lens):] == POISON).all())
+    cg = ix.decoders[(3, 2)]._copies
+    assert (cg.captures, cg.replays) == (1, 1)
+
+
 def _tie_free_equal(got, want) -> bool:
     """Random gaussian keys and queries: ties are rare; allow rows that differ only in order
     of the 15 history slots (a GPU scorer rounds differently)."""
