@@ -4,8 +4,9 @@ A decode-only engine step copies the step's block table and seq lens into the de
 wrapper's buffers (SPEC 8.1: what the wrapper's CUDA graphs read). Engines keep those two
 tensors at fixed addresses from step to step (vLLM's persistent input buffers), so the same
 copy, between the same addresses, repeats every step. ``CopyGraphs`` replays such a copy from
-a CUDA graph captured once: on the H200 hosts a decode-only plan's copy phase went from
-10-16 us (``torch._foreach_copy_``) to 6.6-8 us (docs/benchmarks.md, issue 14, session 18).
+a CUDA graph captured once: the host time of a decode-only plan's copy went from a median of
+12.2 to 6.7 us on one H200 host and from ~7.9 to ~5 us on a faster one, against
+``torch._foreach_copy_`` (docs/benchmarks.md, issue 14, session 18).
 
 Exactness: a graph's copy reads its source addresses when it is replayed, so it copies what
 the current step's tensors hold. The caller's key must determine the copy (the sources'
@@ -43,6 +44,9 @@ class CopyGraphs:
     CUDA graphs for the keys seen ``capture_after`` times (CUDA only: ``supported``).
 
     Args:
+        device: the CUDA device of the copies, to make the capture stream at construction
+            (the first stream of a process waits for the device; made at the first capture
+            when None).
         capacity: graphs kept (the least recently used dropped past it), >= 1.
         capture_after: copies of one key run eagerly before it is captured (>= 1; the
             capture, a few hundred us of host time once, follows that last eager copy).
@@ -52,8 +56,8 @@ class CopyGraphs:
         ValueError: a count < 1.
     """
 
-    def __init__(self, capacity: int = 8, capture_after: int = 2,
-                 max_captures: int | None = None):
+    def __init__(self, device: torch.device | None = None, capacity: int = 8,
+                 capture_after: int = 2, max_captures: int | None = None):
         max_captures = 4 * capacity if max_captures is None else max_captures
         if capacity < 1 or capture_after < 1 or max_captures < 1:
             raise ValueError(f"capacity, capture_after, max_captures: expected >= 1, got "
@@ -63,7 +67,11 @@ class CopyGraphs:
         self.max_captures = max_captures
         self._graphs: OrderedDict = OrderedDict()  # key -> torch.cuda.CUDAGraph
         self._seen: OrderedDict = OrderedDict()  # key -> eager copies so far
-        self._stream = None  # side stream for captures (torch captures off the default one)
+        # side stream for captures (torch captures off the default one), made now: the first
+        # stream torch hands out initializes its stream pool, which waits for the device
+        self._stream = None
+        if device is not None and torch.device(device).type == "cuda":
+            self._stream = torch.cuda.Stream(device)
         self.replays = 0  # statistics (tests, labs)
         self.captures = 0
         self.enabled = True

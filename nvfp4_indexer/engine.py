@@ -359,7 +359,8 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._copies = CopyGraphs() if CopyGraphs.supported(self.block_table.device) else None
+        dev = self.block_table.device  # built at a wrapper's first use (which compiles, syncs)
+        self._copies = CopyGraphs(dev) if CopyGraphs.supported(dev) else None
 
     def plan_from_host(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
                        query_len: int) -> None:

@@ -149,13 +149,16 @@ def test_cpu_indexer_copies_eagerly():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_copies_read_the_sources_at_replay():
     dev = torch.device("cuda")
-    cg = CopyGraphs(capacity=2, capture_after=2)
+    cg = CopyGraphs(dev, capacity=2, capture_after=2)  # its stream made here
     dst = [torch.zeros(8, dtype=torch.int32, device=dev),
            torch.zeros(8, 40, dtype=torch.int32, device=dev)[:, :30]]
     src = [torch.zeros(8, dtype=torch.int32, device=dev),
            torch.zeros(8, 30, dtype=torch.int32, device=dev)]
+    torch._foreach_copy_(dst, src)  # first use of each kernel (lazy loading) outside the loop
+    torch.randint(0, 1000, (8, 30), device=dev).fill_(0)
+    torch.cuda.synchronize()
     for i in range(5):
-        torch.cuda._sleep(20_000_000)  # the stream is busy: copies and capture run queued
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: copies and the capture are queued behind it
         src[0].fill_(i)
         src[1].copy_(torch.randint(0, 1000, (8, 30), device=dev))
         cg.copy("k", dst, src)

@@ -642,11 +642,13 @@ def test_decode_steps_replay_their_copies():
         sl.copy_(torch.tensor(seqs, dtype=torch.int32))
         step = ni.StepMetadata(qsl_d, qsl, sl, sl.cpu(), bt, nd)
         torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # ~50 ms: a plan that waited for the device would see it end
         torch.cuda.set_sync_debug_mode("error")
         try:
             md = ix.plan(step)
         finally:
             torch.cuda.set_sync_debug_mode(0)
+        assert not torch.cuda.current_stream().query(), f"plan {i} waited for the device"
         out.fill_(POISON)
         ix.forward(q, c, md, out)
         cpu_step = ni.StepMetadata(qsl, qsl, torch.tensor(seqs, dtype=torch.int32),
