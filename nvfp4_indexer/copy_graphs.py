@@ -3,8 +3,9 @@
 A decode-only engine step copies the step's block table and seq lens into the decode
 wrapper's buffers (SPEC 8.1: what the wrapper's CUDA graphs read). Engines keep those two
 tensors at fixed addresses from step to step (vLLM's persistent input buffers), so the same
-copy, between the same addresses, repeats every step. ``CopyGraphs`` replays such a copy from
-a CUDA graph captured once: the host time of a decode-only plan's copy went from a median of
+copy, between the same addresses, repeats every step (a mixed step's decode rows take the
+same copy when its block table is narrower than the buffers). ``CopyGraphs`` replays such a
+copy from a CUDA graph captured once: the host time of a decode-only plan's copy went from a median of
 12.2 to 6.7 us on one H200 host and from ~7.9 to ~5 us on a faster one, against
 ``torch._foreach_copy_`` (docs/benchmarks.md, issue 14, session 18).
 
@@ -88,7 +89,12 @@ class CopyGraphs:
     def copy(self, key, dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         """``dst[i].copy_(src[i], non_blocking=True)`` for every i on the current stream:
         a graph replay when ``key`` has one, else eagerly (one multi-tensor copy), then a
-        capture for ``key`` at its ``capture_after``-th eager copy."""
+        capture for ``key`` at its ``capture_after``-th eager copy.
+
+        Warns:
+            RuntimeWarning: once, when a capture fails; the cache then stays eager (the
+            copy itself has been done).
+        """
         g = self._graphs.get(key)
         if g is not None:
             self._graphs.move_to_end(key)
@@ -110,7 +116,7 @@ class CopyGraphs:
             self.enabled = False
             self._graphs.clear()
             warnings.warn(f"nvfp4_indexer: copies stay eager, a CUDA-graph capture failed: "
-                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
             return
         self.captures += 1
         if len(self._graphs) > self.capacity:

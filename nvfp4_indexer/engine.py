@@ -366,8 +366,9 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
                        query_len: int) -> None:
         """Copy this step's (host-validated) ``block_table [B, W']`` and ``seq_lens [B]`` into
         the wrapper's buffers; the first call builds (and on a GPU compiles) the runner. On
-        CUDA, from the second step with the same two source tensors (address, shape, stride)
-        on, the copy is a CUDA-graph replay (captured once, at the second step).
+        CUDA, a copy from the same two source tensors (address, shape, stride) as earlier
+        steps is captured into a CUDA graph at the second such step and replayed from the
+        third on (``copy_graphs.CopyGraphs``).
 
         Raises:
             ValueError: a ``query_len`` other than the wrapper's.

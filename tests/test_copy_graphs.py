@@ -6,6 +6,8 @@ replays, a busy stream (the Indexer's use: tests/test_engine.py,
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -82,7 +84,9 @@ def test_failed_capture_warns_and_stays_eager(monkeypatch):
         cg.copy("k", dst, src)
     assert torch.equal(dst[0], src[0]) and not cg.enabled and len(cg) == 0
     src[0].fill_(5)
-    cg.copy("k", dst, src)  # eager, no second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cg.copy("k", dst, src)  # eager, no second warning
     assert torch.equal(dst[0], src[0])
 
 
@@ -96,12 +100,18 @@ class _DropStride(CopyGraphs):  # a wrong key: without its strides
         super().copy((key[0], key[1], key[3]), dst, src)
 
 
-@pytest.mark.parametrize("cls", [CopyGraphs, _DropShape, _DropStride])
+class _DropSeqLens(CopyGraphs):  # a wrong key: without the seq lens' address
+    def copy(self, key, dst, src):
+        super().copy(key[:3], dst, src)
+
+
+@pytest.mark.parametrize("cls", [CopyGraphs, _DropShape, _DropStride, _DropSeqLens])
 def test_indexer_key_separates_views_of_one_storage(monkeypatch, cls):
     """The Indexer's key (block table address, shape, stride; seq lens address) tells apart
-    three block tables over one storage: [4, 26], its [:, :20] view, a contiguous [4, 20].
-    Every plan copies exactly the step's entries (the rest of the buffer stays -7); a key
-    without the shape or the stride fails this."""
+    three block tables over one storage ([4, 26], its [:, :20] view, a contiguous [4, 20]),
+    each planned with two seq lens tensors in turn. Every plan copies exactly the step's
+    entries (the rest of the buffer stays -7) and seq lens; a key without the shape, the
+    stride or the seq lens' address fails this."""
     _fake(monkeypatch)
     ix = ni.Indexer(ni.IndexerConfig(num_heads=2, max_model_len=3072,
                                      max_num_batched_tokens=512, max_num_seqs=6,
@@ -112,15 +122,18 @@ def test_indexer_key_separates_views_of_one_storage(monkeypatch, cls):
     qsl = torch.arange(5, dtype=torch.int32)
     store = torch.randint(0, 90, (4 * 26,), dtype=torch.int32)
     views = [store.view(4, 26), store.view(4, 26)[:, :20], store[:80].view(4, 20)]
-    sl = torch.tensor([100, 200, 300, 400], dtype=torch.int32)
+    seq_lens = [torch.tensor([100, 200, 300, 400], dtype=torch.int32),
+                torch.tensor([1500, 700, 2500, 9], dtype=torch.int32)]
     ok = True
     for _ in range(2):
         for bt in views:
-            ix.decode_block_table.fill_(-7)
-            ix.plan(ni.StepMetadata(qsl, qsl, sl, sl.clone(), bt, 4))
-            w = min(bt.shape[1], 24)
-            ok &= torch.equal(ix.decode_block_table[:4, :w], bt[:, :w])
-            ok &= bool((ix.decode_block_table[:4, w:] == -7).all())
+            for sl in seq_lens:
+                ix.decode_block_table.fill_(-7)
+                ix.plan(ni.StepMetadata(qsl, qsl, sl, sl.clone(), bt, 4))
+                w = min(bt.shape[1], 24)
+                ok &= torch.equal(ix.decode_block_table[:4, :w], bt[:, :w])
+                ok &= bool((ix.decode_block_table[:4, w:] == -7).all())
+                ok &= torch.equal(ix.decode_seq_lens[:4], sl)
     assert ok == (cls is CopyGraphs)
     assert dec._copies.replays > 0
 

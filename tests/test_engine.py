@@ -615,7 +615,7 @@ def test_plan_never_syncs_and_decode_graph_replays():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_decode_steps_replay_their_copies():
     """Decode-only steps of one (B, Q) with the engine's tensors kept at fixed addresses and
-    rewritten in place every step: from the second plan on the copy is a graph replay; plans
+    rewritten in place every step: captured at the second plan, a graph replay from the third; plans
     never sync; each step's rows equal the reference, rows past the step stay poisoned; other
     tensors (another key) and a narrower block table copy correctly too."""
     dev = torch.device("cuda")
@@ -671,7 +671,8 @@ def test_decode_steps_replay_their_copies():
         assert bool((ix.decode_block_table[:4, wb:] == -7).all())
         assert torch.equal(ix.decode_seq_lens[:4], sl2)
     # a repeated mixed step whose block table is narrower than the buffers (its decode rows
-    # are copied, through the graph from the second step), planned and run on a user stream
+    # are copied: captured at the second step, replayed at the third), planned and run on a
+    # user stream
     q_lens, seqs, nd = [2, 2, 2, 100, 37, 300], [2500, 300, 2550, 2100, 37, 2500], 3
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
     bt = torch.zeros(6, 20, dtype=torch.int32, device=dev)
