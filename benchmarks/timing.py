@@ -355,27 +355,52 @@ def _scaled_mm(a, b, scale_a, scale_b, fast_accum: bool):
     return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
 
 
-def _matmul_rates(fns: dict, n: int, device: torch.device, make_fallback) -> dict:
+# Interleaved timing rounds of the matmul ceilings on CUDA (each variant's best is kept): one
+# round per variant gave 657 then 763 TFLOP/s for the same fp16 matmul minutes apart on one
+# H200 (docs/benchmarks.md, issue 15, tenth step); the GPU's clocks settle while it runs.
+MATMUL_ROUNDS = 3
+
+
+def _matmul_rates(fns: dict, n: int, device: torch.device, make_fallback,
+                  rounds: int | None = None) -> dict:
     """Time each ``fns[key]()`` (an [n, n] matmul; checked for shape and finite values first)
-    as a ceiling; a variant that raises is recorded with its error. Returns
-    ``{"m", "n", "k", "variants", "best", "tflops", "stand_in"}`` with the fastest variant;
-    on CPU, when none ran, ``make_fallback()()`` (an fp32 matmul) stands in, marked
+    as a ceiling, in ``rounds`` interleaved rounds (every variant once per round; default
+    ``MATMUL_ROUNDS`` on CUDA, 1 on CPU), keeping each variant's fastest round; a variant that
+    raises is recorded with its error. Returns ``{"m", "n", "k", "variants", "best", "tflops",
+    "stand_in"}`` with the fastest variant (each variant also lists ``rounds_tflops``); on
+    CPU, when none ran, ``make_fallback()()`` (an fp32 matmul) stands in, marked
     ``stand_in``."""
     flops = 2 * n ** 3
+    rounds = rounds or (MATMUL_ROUNDS if device.type == "cuda" else 1)
     results, best = {}, None
+    live = {}
     for key, fn in fns.items():
         try:
             ref = fn()
             if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
                 raise RuntimeError("unexpected output")
-            t = _time_ceiling(fn, device, calls=5, replays=10)
-            tf = flops / (t.us * 1e-6) / 1e12
-            results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
-                            "note": t.note}
-            if best is None or tf > results[best]["tflops"]:
-                best = key
+            live[key] = fn
         except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
             results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    for _ in range(rounds):
+        for key, fn in list(live.items()):
+            try:
+                t = _time_ceiling(fn, device, calls=5, replays=10)
+            except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
+                if key not in results:  # a later round's failure keeps the earlier rounds
+                    results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    del live[key]
+                continue
+            tf = flops / (t.us * 1e-6) / 1e12
+            prev = results.get(key)
+            seen = (prev["rounds_tflops"] if prev else []) + [tf]
+            if prev is None or tf > prev["tflops"]:
+                results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
+                                "note": t.note}
+            results[key]["rounds_tflops"] = seen
+    for key in live:
+        if best is None or results[key]["tflops"] > results[best]["tflops"]:
+            best = key
     out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
            "tflops": results[best]["tflops"] if best else None, "stand_in": False}
     if best is None and device.type != "cuda":

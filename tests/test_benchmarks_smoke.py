@@ -163,6 +163,44 @@ def test_stream_and_mm16_ceilings_cpu():
         assert mm["stand_in"] and mm["best"] == "fp32-matmul"
 
 
+def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
+    """The matmul ceilings time their variants in interleaved rounds and keep each variant's
+    fastest (the GPU's clocks move between rounds); a variant failing in a later round keeps
+    its earlier rounds, one failing at once is recorded with its error."""
+    import benchmarks.timing as T
+    order = []
+    times = {"a": [2.0, 1.0, 4.0], "b": [3.0, 0.5, 5.0], "c": [1.0]}  # us per round
+
+    def fake_time(fn, device, calls, replays):
+        k = fn.key
+        order.append(k)
+        i = order.count(k) - 1
+        if k == "c" and i > 0:
+            raise RuntimeError("later failure")
+        us = times[k][i]
+        return Timing(us, [us], 0.0, "fake", 1)
+    monkeypatch.setattr(T, "_time_ceiling", fake_time)
+
+    def mk(k, ok=True):
+        def f():
+            if not ok:
+                raise RuntimeError("no such matmul")
+            return torch.zeros(4, 4)
+        f.key = k
+        return f
+    fns = {"a": mk("a"), "b": mk("b"), "c": mk("c"), "d": mk("d", ok=False)}
+    r = T._matmul_rates(fns, 4, torch.device("cpu"), None, rounds=3)
+    assert order == ["a", "b", "c"] * 3  # interleaved, every round
+    flops = 2 * 4 ** 3
+    v = r["variants"]
+    assert v["a"]["us"] == 1.0 and v["b"]["us"] == 0.5 and v["c"]["us"] == 1.0
+    assert v["a"]["rounds_tflops"] == pytest.approx([flops / (u * 1e-6) / 1e12
+                                                     for u in (2.0, 1.0, 4.0)])
+    assert len(v["c"]["rounds_tflops"]) == 1 and "error" in v["d"]
+    assert r["best"] == "b" and r["tflops"] == pytest.approx(flops / 0.5e-6 / 1e12)
+    assert T.MATMUL_ROUNDS >= 2  # the CUDA default (CPU smoke runs one round)
+
+
 # ----------------------------------------------------------------------------- pool
 
 def test_pool_pages_and_block_tables():
