@@ -372,35 +372,29 @@ def _matmul_rates(fns: dict, n: int, device: torch.device, make_fallback,
     ``stand_in``."""
     flops = 2 * n ** 3
     rounds = rounds or (MATMUL_ROUNDS if device.type == "cuda" else 1)
-    results, best = {}, None
-    live = {}
+    results, timed = {}, {}  # timed: key -> its Timing per round
     for key, fn in fns.items():
         try:
             ref = fn()
             if ref.shape != (n, n) or not torch.isfinite(ref.float()).all():
                 raise RuntimeError("unexpected output")
-            live[key] = fn
+            timed[key] = []
         except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
             results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     for _ in range(rounds):
-        for key, fn in list(live.items()):
+        for key in list(timed):
             try:
-                t = _time_ceiling(fn, device, calls=5, replays=10)
-            except Exception as e:  # noqa: BLE001 - record why a variant is unavailable
-                if key not in results:  # a later round's failure keeps the earlier rounds
+                timed[key].append(_time_ceiling(fns[key], device, calls=5, replays=10))
+            except Exception as e:  # noqa: BLE001 - a later round's failure keeps the earlier
+                if not timed[key]:
                     results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-                    del live[key]
-                continue
-            tf = flops / (t.us * 1e-6) / 1e12
-            prev = results.get(key)
-            seen = (prev["rounds_tflops"] if prev else []) + [tf]
-            if prev is None or tf > prev["tflops"]:
-                results[key] = {"tflops": tf, "us": t.us, "method": t.method, "cv": t.cv,
-                                "note": t.note}
-            results[key]["rounds_tflops"] = seen
-    for key in live:
-        if best is None or results[key]["tflops"] > results[best]["tflops"]:
-            best = key
+                    del timed[key]
+    for key, ts in timed.items():
+        t = min(ts, key=lambda x: x.us)
+        results[key] = {"tflops": flops / (t.us * 1e-6) / 1e12, "us": t.us, "method": t.method,
+                        "cv": t.cv, "note": t.note,
+                        "rounds_tflops": [flops / (x.us * 1e-6) / 1e12 for x in ts]}
+    best = max(timed, key=lambda k: results[k]["tflops"], default=None)
     out = {"m": n, "n": n, "k": n, "variants": results, "best": best,
            "tflops": results[best]["tflops"] if best else None, "stand_in": False}
     if best is None and device.type != "cuda":
