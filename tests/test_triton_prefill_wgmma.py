@@ -108,6 +108,31 @@ def test_dispatch_rule_short_splits(monkeypatch):
     assert HZ.prefill_launch(32, 1023, 128, 132, wgmma=True)["ns"] == 4
 
 
+def test_dispatch_rule_unsplit(monkeypatch):
+    """From ``PREFILL_WGMMA_UNSPLIT_BLOCKS_PER_SM`` row blocks per SM (two waves) the Gluon
+    kernel runs unsplit (no merge launch) when the blocks score at most
+    ``PREFILL_WGMMA_UNSPLIT_MAX_PAGES`` pages; longer blocks and fewer blocks keep the floor
+    of 2 splits."""
+    cases = {  # (row blocks, score pages): splits
+        (512, 127): 1,  # 16K new tokens, no context
+        (512, 383): 1,  # 16K x 32K
+        (264, 512): 1,  # the edges
+        (264, 513): 2,
+        (263, 383): 2,
+        (512, 1151): 2,  # 16K x 128K
+        (128, 287): 2,  # 4K x 32K
+    }
+    for (blocks, pages), ns in cases.items():
+        g = HZ.prefill_launch(blocks, pages, 128, 132, wgmma=True)
+        assert (g["kernel"], g["ns"], g["keep"]) == ("wgmma", ns, 16), (blocks, pages)
+        assert g["cand"] == (0 if ns == 1 else blocks * 128 * ns * 16)
+        # the Triton kernel's rule is not changed by it
+        assert HZ.prefill_launch(blocks, pages, 128, 132)["ns"] >= 2, (blocks, pages)
+    assert HZ.prefill_launch(512, 383, 128, 132, num_splits=2, wgmma=True)["ns"] == 2
+    monkeypatch.setattr(HZ, "PREFILL_WGMMA_UNSPLIT_MAX_PAGES", 0)
+    assert HZ.prefill_launch(512, 383, 128, 132, wgmma=True)["ns"] == 2
+
+
 def test_cap_counts_only_the_gluon_scratch():
     """Under a scratch cap (the Indexer's shared buffer) the Gluon launch keeps the splits whose
     candidates fit: the window scratch it does not use is not counted (it used to halve the

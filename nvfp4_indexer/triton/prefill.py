@@ -60,7 +60,8 @@ from .layout import (CODE_BYTES, GROUPS, PAGE, SCALES_OFFSET, WS_PAGE, scored_pa
                      split_range, ws_page_offset)
 from .numerics import device_guard, portable_default
 from .operands import load_q_rows, load_q_t
-from .scan import block_rows_info, finish_split, merge_splits, out_offsets, scan_pages
+from .scan import (block_rows_info, finish_split, merge_splits, out_offsets, scan_pages,
+                   score_row_block)
 from .scoring import fp8_page_scores, fp8_page_scores_n, fp8_tile_scores, fp8_tile_scores_n
 
 
@@ -78,7 +79,7 @@ def _score_prologue(q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr, c
     split, rows, token, h, local, row_ok, start, end, q_op, r)`` -- the block's rows, its
     split's page range, the query operand (``[BLOCK_M, 128]`` A with tokens on N, else
     ``[128, BLOCK_M]`` B) and the block's request r."""
-    blk = tl.program_id(0)
+    blk = score_row_block()
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,

@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .layout import (CODE_BYTES, GROUPS, HEAD, HISTORY, PAGE, SCALES_OFFSET, TOPK, WS_PAGE,
                      scored_pages, split_range, ws_page_offset)
-from .scan import block_rows_info, out_offsets
+from .scan import block_rows_info, out_offsets, score_row_block
 from .topk import EMPTY, candidate_id, pack_candidate
 
 NUM_BUFFERS = 6  # fp16 page buffers of the ring (docs/benchmarks.md: 6 >= 4 > 3)
@@ -336,7 +336,7 @@ def _consumer(c: gl.constexpr, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_
               TL: gl.constexpr, SOL: gl.constexpr, NB: gl.constexpr):
     """Consumer partition c (4 warps): rows [64 c, 64 c + 64) of the block; page MMAs with
     the query as the register A operand, epilogues one page behind; its rows' output."""
-    blk = gl.program_id(0)
+    blk = score_row_block()
     split = gl.program_id(1)
     rows_t = gl.arange(0, HALF, layout=gl.SliceLayout(1, TL)) + c * HALF
     token, h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
@@ -384,7 +384,7 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
              DIRECT: gl.constexpr, CONV: gl.constexpr, WS16: gl.constexpr):
     """One program of either kernel: pages from the FP8 workspace (DIRECT 0) or straight from
     the paged NVFP4 cache through the block table (DIRECT 1)."""
-    blk = gl.program_id(0)
+    blk = score_row_block()
     split = gl.program_id(1)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TL))
     _t, _h, local, row_ok = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,

@@ -106,6 +106,15 @@ def out_offsets(row, h, H: tl.constexpr):
 
 
 @triton.jit
+def score_row_block():
+    """Row block of this prefill score program, grid ``(row blocks, splits)``: axis 0 in
+    descending order. Within a request the last row blocks have the most (causal) pages, so
+    the longest programs start first and a wave's tail holds the shortest ones (longest
+    processing time first); any order gives the same output."""
+    return tl.num_programs(0) - 1 - tl.program_id(0)
+
+
+@triton.jit
 def block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, blk, rows,
                     H: tl.constexpr):
     """Rows of row block ``blk`` (see ``heuristics.plan_row_blocks``; ``blk_ptr`` holds int32
