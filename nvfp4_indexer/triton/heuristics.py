@@ -52,7 +52,7 @@ PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two co
 PREFILL_WGMMA_PROGRAMS_PER_SM = 1  # its split target (one CTA per SM: one wave), at least 2
 # splits (fewer only where a split would otherwise keep < 16: PREFILL_WGMMA_SHORT_SPLITS, or
 # below: chunks of >= 2 waves of row blocks whose blocks score <= 512 pages run unsplit, so
-# no merge; their programs start longest first, scan.score_row_block)
+# no merge; each request's longest row blocks start first, scan.score_row_block)
 PREFILL_WGMMA_UNSPLIT_BLOCKS_PER_SM = 2
 PREFILL_WGMMA_UNSPLIT_MAX_PAGES = 512
 # the Gluon kernel also takes chunks whose Triton-rule splits keep < 16 candidates (few row
@@ -244,9 +244,9 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         ``PREFILL_WGMMA_BLOCK_M`` takes it when its splits keep 16 candidates (> 8 pages),
         with its own default split count (``PREFILL_WGMMA_PROGRAMS_PER_SM`` per SM, at least
         2 (1 from ``PREFILL_WGMMA_UNSPLIT_BLOCKS_PER_SM`` row blocks per SM when the blocks
-        score at most ``PREFILL_WGMMA_UNSPLIT_MAX_PAGES`` pages), at most the Triton
-        kernel's; with ``PREFILL_WGMMA_SHORT_SPLITS`` also where the
-        Triton rule's splits keep < 16, the count capped at ``(pages - 1) // 8``); it inserts
+        score at most ``PREFILL_WGMMA_UNSPLIT_MAX_PAGES`` pages), at most the Triton kernel's;
+        with ``PREFILL_WGMMA_SHORT_SPLITS`` also where the Triton rule's splits keep < 16, the
+        count capped at ``(pages - 1) // 8``); it inserts
         every page's candidates directly (window 1, no window scratch: ``cap`` counts only
         its candidates).
     Returns:
@@ -264,10 +264,11 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
         if num_splits is None and wgmma and block_m in PREFILL_WGMMA_BLOCK_M:
             # one CTA of 12 warps per SM: one wave up to SMs / 2 row blocks (H200: 8 / 32 row
             # blocks at 16 / 4 splits 1.05-1.4x faster than at 2 waves, 1.33x than at 2.2
-            # waves), else the floor of 2 splits (128 / 512 row blocks: 1.04-1.06x faster than
-            # 1 split; issue 15, ninth step), except for >= 2 waves of row blocks of <= 512
-            # pages: 1 split, no merge launch (row blocks started longest first, 512 blocks:
-            # 1.15x / 1.04x at 127 / 383 pages, 0.986x at 1151; eleventh step)
+            # waves), else the floor of 2 splits (128 row blocks of 287 pages: 290 us + an
+            # 11.5 us merge against 312 us unsplit), except for >= 2 waves of row blocks of
+            # <= 512 pages: 1 split, no merge launch (each request's longest row blocks start
+            # first; 512 blocks: 1.15x / 1.04x faster at 127 / 383 pages, 1.4 % slower at
+            # 1151); docs/benchmarks.md, issue 15, ninth and eleventh steps
             unsplit = (num_blocks >= PREFILL_WGMMA_UNSPLIT_BLOCKS_PER_SM * num_sms
                        and score_pages <= PREFILL_WGMMA_UNSPLIT_MAX_PAGES)
             ns_g = min(ns, max(1 if unsplit else 2,

@@ -436,9 +436,9 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
                          TL: gl.constexpr, K_SL: gl.constexpr,
                          NB: gl.constexpr = NUM_BUFFERS, SOL: gl.constexpr = 0,
                          WS16: gl.constexpr = 0):
-    """Prefill score program ``(row block, split)`` of grid ``(num_blocks, NUM_SPLITS)``
-    (SPEC 4, 5, 7), BLOCK_M 128, launched with ``launch_options()`` (4 warps; the partitions
-    add 8).
+    """Prefill score program ``(x, split)`` of grid ``(num_blocks, NUM_SPLITS)``: row block
+    ``num_blocks - 1 - x`` (``scan.score_row_block``; SPEC 4, 5, 7), BLOCK_M 128, launched
+    with ``launch_options()`` (4 warps; the partitions add 8).
 
     Arguments as ``prefill._prefill_score_kernel``'s: ``q_ptr`` E4M3 query bytes (uint8) with
     token / head strides in bytes; ``ws_ptr`` the FP8 workspace ``[P, 128, 128]`` (bytes) and

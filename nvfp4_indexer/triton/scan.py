@@ -109,8 +109,9 @@ def out_offsets(row, h, H: tl.constexpr):
 def score_row_block():
     """Row block of this prefill score program, grid ``(row blocks, splits)``: axis 0 in
     descending order. Within a request the last row blocks have the most (causal) pages, so
-    the longest programs start first and a wave's tail holds the shortest ones (longest
-    processing time first); any order gives the same output."""
+    each request's longest programs start first and a wave's tail holds its shortest ones
+    (in a chunk of several requests the last request's blocks go first, whatever their
+    length); any order gives the same output."""
     return tl.num_programs(0) - 1 - tl.program_id(0)
 
 
