@@ -201,6 +201,22 @@ def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
     assert T.MATMUL_ROUNDS >= 2  # the CUDA default (CPU smoke runs one round)
 
 
+def test_wave_model_orders_and_pages():
+    """``labs.wave_model`` (docs/benchmarks.md, issue 15, eleventh step): row blocks as the
+    library plans them (16K new x 32K cached: 256 pages for the first block, 383 for the
+    last; split ranges of ceil(pages / splits)), and descending order ahead of ascending where
+    the blocks' page counts grow."""
+    from benchmarks.labs import wave_model as wm
+    one = wm.program_pages(16384, 32768, 1)[0]
+    assert len(one) == 512 and (one[0], one[-1]) == (256, 383)
+    two = wm.program_pages(16384, 32768, 2)
+    assert [a + b for a, b in zip(*two)] == one and two[0][-1] == 192 and two[1][-1] == 191
+    assert wm.program_pages(1024, 0, 1)[0][:4] == [0, 0, 0, 0]  # short rows: nothing scored
+    m = wm.model(16384, 0, 2)
+    assert m["descending"] < m["ascending"] and m["descending"] >= m["ideal"]
+    assert wm.makespan([3, 1, 1, 1], 2, 0) == 3 and wm.makespan([1, 1, 1, 3], 2, 0) == 4
+
+
 # ----------------------------------------------------------------------------- pool
 
 def test_pool_pages_and_block_tables():

@@ -50,9 +50,8 @@ PREFILL_DEEP_PIPELINE_PAGES = 64  # pages per split from which the score kernel 
 TOKENS_ON_N_DOTS = ("fp16", "bf16")  # dot modes scored with page tokens on the MMA's N axis
 PREFILL_WGMMA_BLOCK_M = (128,)  # BLOCK_M the Gluon prefill kernel takes (two consumers of 64)
 PREFILL_WGMMA_PROGRAMS_PER_SM = 1  # its split target (one CTA per SM: one wave), at least 2
-# splits (fewer only where a split would otherwise keep < 16: PREFILL_WGMMA_SHORT_SPLITS, or
-# below: chunks of >= 2 waves of row blocks whose blocks score <= 512 pages run unsplit, so
-# no merge; each request's longest row blocks start first, scan.score_row_block)
+# splits (fewer only where a split would otherwise keep < 16: PREFILL_WGMMA_SHORT_SPLITS)
+# ... except 1 split (no merge) from this many row blocks per SM of at most this many pages
 PREFILL_WGMMA_UNSPLIT_BLOCKS_PER_SM = 2
 PREFILL_WGMMA_UNSPLIT_MAX_PAGES = 512
 # the Gluon kernel also takes chunks whose Triton-rule splits keep < 16 candidates (few row
