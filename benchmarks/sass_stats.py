@@ -379,14 +379,15 @@ PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", caps_p
 
 
 def merge_report() -> list[str]:
-    """Static SASS of the prefill merge kernel (one row per program, no loops) with the 15
-    rounds of max-and-remove (SORT 0) and the bitonic top-16 (SORT 1), per split count."""
+    """Static SASS of the prefill merge kernel (no loops; ``merge_config``'s rows per program:
+    one for the 15 rounds of max-and-remove (SORT 0), several for the bitonic top-16 (SORT
+    1)), per split count."""
     from nvfp4_indexer.triton import heuristics as hz
     from nvfp4_indexer.triton.prefill import _prefill_merge_kernel
     lines = []
     for ns, keep in ((2, 16), (4, 16), (16, 16), (33, 16), (2, 8)):
-        rows, warps = hz.merge_config(ns, keep)
         for sort in (0, 1):
+            rows, warps = hz.merge_config(ns, keep, sort=bool(sort))
             k = _compile(_prefill_merge_kernel, PMERGE_TYPES,
                          dict(H=4, BLOCK_M=128, NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns),
                               ROWS=rows, KEEP=keep, SORT=sort), ("cand_ptr", "out_ptr"),

@@ -1092,7 +1092,8 @@ class Indexer:
                                      num_stages=L["stages"])
             merge = None
             if ns > 1:
-                mrows, warps = L["merge_config"]
+                from .triton.heuristics import merge_config
+                mrows, warps = merge_config(ns, keep, sort=bool(self._merge_sort))
                 merge = (_cdiv(block_m, mrows),
                          CachedLaunch(mk, H=self.config.num_heads, BLOCK_M=block_m,
                                       NUM_SPLITS=ns, SPLITS_PAD=L["splits_pad"], ROWS=mrows,
@@ -1361,13 +1362,12 @@ def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: in
                     cap: int | None, wgmma: bool = False) -> dict:
     """``triton.heuristics.prefill_launch`` (splits / keep / window / scratch / score kernel of
     one prefill chunk's score launch, fewer splits until the scratch fits ``cap``; ``wgmma``:
-    the Gluon scorer may run) plus its merge launch's (rows, warps) and padded splits. Cached
+    the Gluon scorer may run) plus its merge launch's padded splits. Cached
     (host time): callers must not edit it."""
     from .triton import heuristics as hz
     launch = hz.prefill_launch(num_blocks, score_pages, block_m, num_sms, cap=cap,
                                wgmma=wgmma)
     ns = launch["ns"]
-    launch["merge_config"] = hz.merge_config(ns, launch["keep"]) if ns > 1 else None
     launch["splits_pad"] = hz.next_pow2(ns)
     return launch
 

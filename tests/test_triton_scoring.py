@@ -535,6 +535,34 @@ def test_prefill_merge_selection_matches_reference(monkeypatch, merge_sort):
     test_prefill_matches_reference(2, 2, None, 2, 16)
 
 
+def test_sorting_merge_rows_per_program():
+    """``heuristics.merge_config``: the sorting merge (16-64 columns) puts
+    ``MERGE_SORT_KEYS_PER_WARP`` keys on one warp; the rounds keep one row per program. Several
+    rows per program write exactly what one row per program writes (poisoned ``out``, each
+    row's top-16 of distinct keys, rows beyond BLOCK_M masked)."""
+    assert HZ.merge_config(2, 16, sort=True) == (8, 1)
+    assert HZ.merge_config(3, 16, sort=True) == (4, 1)  # 4 x 16 columns
+    assert HZ.merge_config(2, 8, sort=True) == (16, 1)
+    assert HZ.merge_config(8, 16, sort=True) == (1, 1)  # 128 columns: the rounds
+    assert HZ.merge_config(2, 16) == (1, 1)
+    from benchmarks.labs import merge_lab
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for nb, ns, keep, block_m in ((2, 2, 16, 128), (3, 4, 16, 64), (2, 2, 8, 16)):
+        inp = merge_lab.merge_inputs(nb, ns, keep, dev, block_m=block_m, seed=nb + ns)
+        outs = []
+        for sort, cfg in ((0, (1, 1)), (1, (1, 1)), (1, None)):
+            inp["out"].fill_(-99)
+            merge_lab.launch_merge(inp, sort, cfg)
+            outs.append(inp["out"].clone())
+        assert (outs[0] != -99).all()
+        assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0]), (nb, ns, keep)
+        # and that is each row's 15 largest keys (ids; -1 for EMPTY), independently computed
+        rows = nb * block_m
+        top = inp["cand"].view(rows, -1).cpu().sort(dim=1, descending=True).values[:, :15]
+        ids = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(torch.int32)  # EMPTY -> -1
+        assert torch.equal(outs[0].view(-1, 16)[:rows, :15].cpu(), ids), (nb, ns, keep)
+
+
 def test_prefill_api_and_nan_page():
     batch, qsl = prefill_batch([(4, 2200), (2, 130)], seed=51)
     batch.page_bytes(int(batch.block_table[0, 5]))[8192:] = 0x7F

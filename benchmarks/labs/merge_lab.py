@@ -2,6 +2,7 @@
 
     python -m benchmarks.labs.merge_lab                       # the shapes the Gluon rule merges
     python -m benchmarks.labs.merge_lab --shape 128:2:16      # ROW_BLOCKS:SPLITS:KEEP
+    python -m benchmarks.labs.merge_lab --config 8:2          # also SORT 1 at ROWS:WARPS
 
 Per shape (BLOCK_M 128, H = 4, one request whose rows all score >= 16 pages), a candidate
 scratch of distinct random keys (a fifth of the slots EMPTY) is merged by
@@ -49,12 +50,12 @@ def merge_inputs(row_blocks: int, num_splits: int, keep: int, device, *, heads: 
         row_blocks=row_blocks, num_splits=num_splits, keep=keep, heads=heads, block_m=block_m)
 
 
-def launch_merge(inp: dict, sort: int) -> None:
-    """One merge launch over ``inp`` (``merge_inputs``), the launch configuration of
-    ``heuristics.merge_config``; writes ``inp["out"]``."""
+def launch_merge(inp: dict, sort: int, config: tuple[int, int] | None = None) -> None:
+    """One merge launch over ``inp`` (``merge_inputs``): ``config`` ``(rows per program,
+    warps)``, by default ``heuristics.merge_config``'s; writes ``inp["out"]``."""
     from nvfp4_indexer.triton import heuristics as hz
     from nvfp4_indexer.triton.prefill import _prefill_merge_kernel
-    rows, warps = hz.merge_config(inp["num_splits"], inp["keep"])
+    rows, warps = config or hz.merge_config(inp["num_splits"], inp["keep"], sort=bool(sort))
     nb = inp["row_blocks"]
     _prefill_merge_kernel[(nb, -(-inp["block_m"] // rows))](
         inp["cand"], inp["qsl"], inp["seq"], inp["seq"], inp["blk"], nb, inp["out"],
@@ -75,10 +76,25 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
+def parse_config(text: str) -> tuple[int, int]:
+    """``ROWS:WARPS`` -> ints (argparse type)."""
+    try:
+        rows, warps = (int(v) for v in text.split(":"))
+    except ValueError:
+        rows = warps = 0
+    if rows not in (1, 2, 4, 8, 16, 32, 64, 128) or warps not in (1, 2, 4, 8):
+        raise argparse.ArgumentTypeError(
+            f"expected ROWS:WARPS (powers of two, rows <= 128, warps <= 8), got {text!r}")
+    return rows, warps
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", type=parse_shape, default=[],
                     metavar="ROW_BLOCKS:SPLITS:KEEP", help="instead of the default shapes")
+    ap.add_argument("--config", action="append", type=parse_config, default=[],
+                    metavar="ROWS:WARPS", help="also time SORT 1 at these rows per program "
+                    "and warps (output compared with the default launch's)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("merge_lab: needs a CUDA GPU", flush=True)
@@ -95,11 +111,19 @@ def main(argv=None) -> int:
             outs.append(inp["out"].clone())
         same = bool(torch.equal(outs[0], outs[1])) and bool((outs[0] != -99).all())
         name = f"{nb}x{ns}x{keep}"
+        rows = nb * BLOCK_M
         for sort in (0, 1):
             t = ctx.time_capturable([lambda sort=sort: launch_merge(inp, sort)])
-            rows = nb * BLOCK_M
             kl._record("merge", name, f"SORT {sort}", t.us, rows / t.us, "rows/us",
                        same, t.method)
+        for cfg in args.config:
+            inp["out"].fill_(-99)
+            launch_merge(inp, 1, cfg)
+            torch.cuda.synchronize()
+            ok = bool(torch.equal(inp["out"], outs[0]))
+            t = ctx.time_capturable([lambda cfg=cfg: launch_merge(inp, 1, cfg)])
+            kl._record("merge", name, f"SORT 1 rows {cfg[0]} warps {cfg[1]}", t.us,
+                       rows / t.us, "rows/us", ok, t.method)
     kl.print_table()
     return 0
 

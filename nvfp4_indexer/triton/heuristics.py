@@ -68,6 +68,11 @@ PREFILL_DIRECT = False
 # On: H200 merge alone 1.4-1.6x faster (128x2 splits 16.2 -> 11.6 us, 512x2 58.1 -> 41.3, 32x4
 # 6.8 -> 4.3), bit-equal; 256-column rows keep the rounds (docs/benchmarks.md, issue 15, tenth step)
 PREFILL_MERGE_SORT = True
+# keys per one-warp program of the sorting merge (``merge_config``: 8 rows of 2 splits x 16, 4
+# of 4 x 16). One row per program was launch-bound (~124 one-warp programs per SM at 4K new
+# tokens): H200 merge alone 128x2 splits 11.6 -> 5.2 us, 512x2 41.2 -> 15.1, 32x4 4.3 -> 3.9,
+# bit-equal; 512 keys (8 rows of 4 splits) 5.4 us (docs/benchmarks.md, issue 15, twelfth step)
+MERGE_SORT_KEYS_PER_WARP = 256
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
@@ -210,12 +215,17 @@ def decode_window(num_splits: int, width: int, block_m: int) -> int:
     return choose_window(cdiv(max(width - 1, 1), num_splits), block_m)
 
 
-def merge_config(num_splits: int, keep: int = TOPK) -> tuple[int, int]:
-    """``(rows, num_warps)`` of a merge program: one row per program (each of the 15
-    selection rounds stays in-thread compares and a few shuffles), its
-    ``keep * next_pow2(num_splits)`` candidates on 1 warp (<= 512), 2 (<= 1024) or 4 (more;
-    at most 32 per thread at the largest decode split count)."""
+def merge_config(num_splits: int, keep: int = TOPK, sort: bool = False) -> tuple[int, int]:
+    """``(rows, num_warps)`` of a merge program over ``keep * next_pow2(num_splits)`` candidate
+    columns per row. ``sort`` (the prefill merge's ``SORT``, ``PREFILL_MERGE_SORT``): where
+    the merge takes the bitonic top-16 (16-64 columns, ``scan.merge_splits``), 1 warp holds
+    ``MERGE_SORT_KEYS_PER_WARP`` keys, ``256 // cols`` rows. Otherwise one row per program
+    (each of the 15 selection rounds stays in-thread compares and a few shuffles), on 1 warp
+    (<= 512 columns), 2 (<= 1024) or 4 (more; at most 32 per thread at the largest decode
+    split count)."""
     cols = keep * next_pow2(num_splits)
+    if sort and TOPK <= cols <= 4 * TOPK:
+        return MERGE_SORT_KEYS_PER_WARP // cols, 1
     return 1, (1 if cols <= 512 else 2 if cols <= 1024 else 4)
 
 

@@ -21,7 +21,7 @@ row's running top-KEEP list (KEEP = min(16, next power of two >= pages per split
 page, or once per window of buffered page scores for splits of >= 32 pages, as in ``decode``).
 No ``[tokens, heads, pages]`` score tensor exists: each program writes its lists to the
 candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kernel (grid
-``(blocks, BLOCK_M)``, one row per program, ``heuristics.merge_config``) selects the final 15 and
+``(blocks, BLOCK_M / rows)``, ``heuristics.merge_config``'s rows per program) selects the final 15 and
 writes SPEC 5's output. With one split the score kernel writes the output itself.
 
 On CUDA SM90 with dot fp16 a chunk whose splits have > 8 pages (KEEP 16), with BLOCK_M 128, is
@@ -287,7 +287,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                     TOKENS_N=tokens_on_n, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages or launch["stages"])
             if ns > 1:
-                rows, warps = hz.merge_config(ns, keep)
+                rows, warps = hz.merge_config(ns, keep, sort=hz.PREFILL_MERGE_SORT)
                 _prefill_merge_kernel[(nb, triton.cdiv(block_m, rows))](
                     cand, cu_seqlens_q, seq_lens, seq_lens, blocks, nb, out, H=h,
                     BLOCK_M=block_m, NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns), ROWS=rows,

@@ -25,8 +25,8 @@ where a row has 16-64 candidates: ``heuristics.PREFILL_MERGE_SORT``).
 
 Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, KEEP]`` (a row's
 candidates contiguous), written completely by every split program, so no initialization is
-needed between runs (CUDA-graph replays). Merge kernels take one row per program
-(``merge_config``). The host rules ``keep_per_split``, ``choose_window`` and
+needed between runs (CUDA-graph replays). Merge kernels take one row per program, or
+several for the prefill merge's bitonic top-16 (``merge_config``). The host rules ``keep_per_split``, ``choose_window`` and
 ``merge_config`` live in ``heuristics``.
 """
 
