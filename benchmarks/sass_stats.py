@@ -393,7 +393,8 @@ def merge_report() -> list[str]:
                               ROWS=rows, KEEP=keep, SORT=sort), ("cand_ptr", "out_ptr"),
                          warps, 1, None)
             st, txt = sass_stats(k), sass_text(k)
-            lines.append(f"merge splits {ns:2d} keep {keep:2d} warps {warps} SORT {sort}: "
+            lines.append(f"merge splits {ns:2d} keep {keep:2d} rows {rows:2d} warps {warps} "
+                         f"SORT {sort}: "
                          f"{st['registers']} registers, {st['local_bytes']} B local, "
                          f"{st['instructions']} SASS instructions, {txt.count('SHFL')} SHFL, "
                          f"{txt.count('BAR')} BAR")

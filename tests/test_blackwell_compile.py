@@ -8,7 +8,7 @@ inline-PTX dequantization of decode and gather), over the shapes of WORKLOADS.md
 
 CI compiles a representative subset (the decode / prefill / page-score MMA kernels and the
 inline-PTX gather: what differs most between SM90, SM100 and SM120) on all three targets: 12
-compiles, ~30 s on 2 shared cores. The full list (21 configurations x 3 targets, ~2 min) runs
+compiles, ~30 s on 2 shared cores. The full list (22 configurations x 3 targets, ~2 min) runs
 only when slow tests are asked for by marker: ``pytest -m slow tests/test_blackwell_compile.py``
 (``make test`` selects no marker, so it skips it).
 """
@@ -88,7 +88,12 @@ REST = [
     ("decode merge split 128 keep 4", *dmerge(1, 1, 128, 4)),
     ("prefill score BLOCK_M 16 unsplit", *pre(16, 1, 1, 16)),
     ("prefill merge", prefill._prefill_merge_kernel, PMERGE_TYPES,
-     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, SPLITS_PAD=2, ROWS=1, KEEP=16), dict(num_warps=1)),
+     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, SPLITS_PAD=2, ROWS=1, KEEP=16, SORT=0),
+     dict(num_warps=1)),
+    ("prefill merge sorted, merge_config's rows", prefill._prefill_merge_kernel, PMERGE_TYPES,
+     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, SPLITS_PAD=2,
+          ROWS=heuristics.merge_config(2, 16, sort=True)[0], KEEP=16, SORT=1),
+     dict(num_warps=heuristics.merge_config(2, 16, sort=True)[1])),
     ("encode", encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
      dict(PORTABLE=False, BLOCK=1024), {}),
     ("quantize paged", quantize._quantize_nvfp4_kernel, QUANT_TYPES,
@@ -165,4 +170,4 @@ def test_all_launched_configurations_compile_offline_for_blackwell(request):
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("the full Blackwell compile list runs with -m slow (CI runs the subset)")
     out = _run("all")
-    assert out.count("compiled ") == 21 * len(ARCHS), out
+    assert out.count("compiled ") == 22 * len(ARCHS), out

@@ -535,32 +535,17 @@ def test_prefill_merge_selection_matches_reference(monkeypatch, merge_sort):
     test_prefill_matches_reference(2, 2, None, 2, 16)
 
 
-def test_sorting_merge_rows_per_program():
-    """``heuristics.merge_config``: the sorting merge (16-64 columns) puts
-    ``MERGE_SORT_KEYS_PER_WARP`` keys on one warp; the rounds keep one row per program. Several
-    rows per program write exactly what one row per program writes (poisoned ``out``, each
-    row's top-16 of distinct keys, rows beyond BLOCK_M masked)."""
+def test_merge_config_rows_per_program():
+    """``heuristics.merge_config``: where the merge sorts (``merge_sorts``: 16-64 columns)
+    one warp holds ``MERGE_SORT_KEYS_PER_WARP`` keys; the rounds keep one row per program.
+    (The kernel at these rows: ``test_prefill_merge_sort_equals_rounds``.)"""
     assert HZ.merge_config(2, 16, sort=True) == (8, 1)
     assert HZ.merge_config(3, 16, sort=True) == (4, 1)  # 4 x 16 columns
     assert HZ.merge_config(2, 8, sort=True) == (16, 1)
     assert HZ.merge_config(8, 16, sort=True) == (1, 1)  # 128 columns: the rounds
+    assert HZ.merge_config(2, 4, sort=True) == (1, 1)  # 8 columns: the rounds
     assert HZ.merge_config(2, 16) == (1, 1)
-    from benchmarks.labs import merge_lab
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    for nb, ns, keep, block_m in ((2, 2, 16, 128), (3, 4, 16, 64), (2, 2, 8, 16)):
-        inp = merge_lab.merge_inputs(nb, ns, keep, dev, block_m=block_m, seed=nb + ns)
-        outs = []
-        for sort, cfg in ((0, (1, 1)), (1, (1, 1)), (1, None)):
-            inp["out"].fill_(-99)
-            merge_lab.launch_merge(inp, sort, cfg)
-            outs.append(inp["out"].clone())
-        assert (outs[0] != -99).all()
-        assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0]), (nb, ns, keep)
-        # and that is each row's 15 largest keys (ids; -1 for EMPTY), independently computed
-        rows = nb * block_m
-        top = inp["cand"].view(rows, -1).cpu().sort(dim=1, descending=True).values[:, :15]
-        ids = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(torch.int32)  # EMPTY -> -1
-        assert torch.equal(outs[0].view(-1, 16)[:rows, :15].cpu(), ids), (nb, ns, keep)
+    assert not HZ.merge_sorts(HZ.MERGE_SORT_MAX_COLUMNS * 2, True)
 
 
 def test_prefill_api_and_nan_page():
@@ -832,7 +817,8 @@ def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
     write (``SORT=0``): distinct random keys with EMPTY slots (a row with fewer than 15 real
     candidates included), padded split columns (3 splits), rows short (L <= 15: the rounds
     skipped) or long, and the fallback to the rounds below 16 and above 64 columns (2 x 4,
-    16 x 16); rows past the request stay poisoned (SPEC 5, 10)."""
+    16 x 16), at one row per program, at ``merge_config``'s rows and at 32 rows (more than
+    BLOCK_M); rows past the request stay poisoned (SPEC 5, 10)."""
     from nvfp4_indexer.triton.topk import EMPTY
     H, block_m, tokens = 4, 16, 7
     rows = tokens * H
@@ -848,14 +834,17 @@ def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
     seq = torch.tensor([seq_len], dtype=torch.int32)
     blk = torch.tensor([0] * nb + [i * block_m for i in range(nb)], dtype=torch.int32)
     outs = []
-    for sort in (0, 1):
+    # (SORT, rows per program): one row, merge_config's rows, and 32 rows (> BLOCK_M)
+    for sort, rows_pp in ((0, 1), (1, 1), (1, HZ.merge_config(num_splits, keep, sort=True)[0]),
+                          (1, 32)):
         out = torch.full((tokens + 2, H, 16), -99, dtype=torch.int32)
-        PREFILL._prefill_merge_kernel[(nb, block_m)](
+        PREFILL._prefill_merge_kernel[(nb, -(-block_m // rows_pp))](
             cand.to(DEV), qsl.to(DEV), seq.to(DEV), seq.to(DEV), blk.to(DEV), nb,
             out_dev := out.to(DEV), H=H, BLOCK_M=block_m, NUM_SPLITS=num_splits,
-            SPLITS_PAD=HZ.next_pow2(num_splits), ROWS=1, KEEP=keep, SORT=sort)
+            SPLITS_PAD=HZ.next_pow2(num_splits), ROWS=rows_pp, KEEP=keep, SORT=sort)
         outs.append(out_dev.cpu())
-    assert torch.equal(outs[0], outs[1])
+    for got in outs[1:]:
+        assert torch.equal(got, outs[0])
     assert bool((outs[1][tokens:] == -99).all()) and bool((outs[1][:tokens] != -99).all())
     if seq_len > 16 * 128:  # long rows: the 15 best of each row's candidates, in order
         keys = cand.view(nb * block_m, -1)

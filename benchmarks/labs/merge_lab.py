@@ -7,8 +7,10 @@
 Per shape (BLOCK_M 128, H = 4, one request whose rows all score >= 16 pages), a candidate
 scratch of distinct random keys (a fifth of the slots EMPTY) is merged by
 ``prefill._prefill_merge_kernel`` with ``SORT`` 0 (15 rounds of max-and-remove) and 1 (one
-bitonic top-16 where a row has 16-64 candidate columns, ``topk.write_selection(SORT=1)``):
-the two outputs are compared bit for bit, then each launch is timed alone in CUDA-graph
+bitonic top-16 where a row has 16-64 candidate columns, ``topk.write_selection(SORT=1)``),
+each at ``heuristics.merge_config``'s rows per program (since session 20 several rows where
+it sorts; "SORT 1" lines of older records are one row per program), and ``--config``'s:
+every output is compared bit for bit with SORT 0's, then each launch is timed alone in CUDA-graph
 replays (the scratch stays L2-resident, as right after a score kernel). Default shapes:
 128 / 512 row blocks x 2 splits (4K / 16K new tokens with context), 32 x 4 (1K x 32K), 64 x
 2 (2K chunks) and 8 x 16 (the four-request cases' chunks: 256 columns, the rounds either

@@ -73,6 +73,9 @@ PREFILL_MERGE_SORT = True
 # tokens): H200 merge alone 128x2 splits 11.6 -> 5.2 us, 512x2 41.2 -> 15.1, 32x4 4.3 -> 3.9,
 # bit-equal; 512 keys (8 rows of 4 splits) 5.4 us (docs/benchmarks.md, issue 15, twelfth step)
 MERGE_SORT_KEYS_PER_WARP = 256
+# the merge sorts only rows of at most this many candidate columns (``merge_sorts``; a build
+# without the limit had no fewer SASS instructions at 16 splits x 16, tenth step)
+MERGE_SORT_MAX_COLUMNS = 64
 
 # -- gather ----------------------------------------------------------------------------------
 GATHER_TOK_BLOCK = 16  # tokens per inner step (128 under the interpreter)
@@ -215,16 +218,23 @@ def decode_window(num_splits: int, width: int, block_m: int) -> int:
     return choose_window(cdiv(max(width - 1, 1), num_splits), block_m)
 
 
+def merge_sorts(columns: int, sort: bool) -> bool:
+    """Whether a merge launched with ``SORT = sort`` over ``columns`` candidate columns per row
+    (``keep * next_pow2(num_splits)``) takes the bitonic top-16: the host twin of
+    ``scan.merge_splits``' test (16 to ``MERGE_SORT_MAX_COLUMNS`` columns)."""
+    return bool(sort) and TOPK <= columns <= MERGE_SORT_MAX_COLUMNS
+
+
 def merge_config(num_splits: int, keep: int = TOPK, sort: bool = False) -> tuple[int, int]:
     """``(rows, num_warps)`` of a merge program over ``keep * next_pow2(num_splits)`` candidate
     columns per row. ``sort`` (the prefill merge's ``SORT``, ``PREFILL_MERGE_SORT``): where
-    the merge takes the bitonic top-16 (16-64 columns, ``scan.merge_splits``), 1 warp holds
+    the merge takes the bitonic top-16 (``merge_sorts``), 1 warp holds
     ``MERGE_SORT_KEYS_PER_WARP`` keys, ``256 // cols`` rows. Otherwise one row per program
     (each of the 15 selection rounds stays in-thread compares and a few shuffles), on 1 warp
     (<= 512 columns), 2 (<= 1024) or 4 (more; at most 32 per thread at the largest decode
     split count)."""
     cols = keep * next_pow2(num_splits)
-    if sort and TOPK <= cols <= 4 * TOPK:
+    if merge_sorts(cols, sort):
         return MERGE_SORT_KEYS_PER_WARP // cols, 1
     return 1, (1 if cols <= 512 else 2 if cols <= 1024 else 4)
 

@@ -21,8 +21,8 @@ row's running top-KEEP list (KEEP = min(16, next power of two >= pages per split
 page, or once per window of buffered page scores for splits of >= 32 pages, as in ``decode``).
 No ``[tokens, heads, pages]`` score tensor exists: each program writes its lists to the
 candidate scratch ``int64 [blocks * BLOCK_M, NUM_SPLITS, KEEP]``; the merge kernel (grid
-``(blocks, BLOCK_M / rows)``, ``heuristics.merge_config``'s rows per program) selects the final 15 and
-writes SPEC 5's output. With one split the score kernel writes the output itself.
+``(blocks, BLOCK_M / rows)``, ``heuristics.merge_config``'s rows per program) selects the
+final 15 and writes SPEC 5's output. With one split the score kernel writes the output itself.
 
 On CUDA SM90 with dot fp16 a chunk whose splits have > 8 pages (KEEP 16), with BLOCK_M 128, is
 scored by the Gluon twin ``prefill_wgmma.prefill_wgmma_kernel`` instead (same arguments and

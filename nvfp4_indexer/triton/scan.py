@@ -17,9 +17,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .heuristics import MERGE_SORT_MAX_COLUMNS
 from .layout import PAGE, TOPK, local_page
 from .topk import (empty_topk, insert_page, load_candidates, merge_window_strided,
                    store_candidates, window_buffer, write_selection)
+
+_SORT_MAX_COLUMNS = tl.constexpr(MERGE_SORT_MAX_COLUMNS)  # as a kernel may read it
 
 
 @triton.jit
@@ -73,12 +76,13 @@ def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl
     """Merge kernel body: every split's candidates of scratch rows ``cand_rows [R]`` (int64)
     -> the SPEC 5 output at ``out_row_ptr [R]`` of the rows ``row_ok`` with local pages
     ``local``. ``SORT``: select by one bitonic top-16 (``write_selection``'s ``SORT``) where
-    a row has 16-64 candidate columns (offline SM90, ``sass_stats --merge``: 224 against 624
-    SASS instructions at 2 x 16, 408 against 752 at 4 x 16; a build without the 64-column
-    limit had no fewer at 16 splits), else by 15 rounds of max-and-remove (the same output)."""
+    a row has 16 to ``MERGE_SORT_MAX_COLUMNS`` (64) candidate columns (host twin:
+    ``heuristics.merge_sorts``; offline SM90 at one row per program, ``sass_stats --merge``
+    of the tenth step: 224 against 624 SASS instructions at 2 x 16, 408 against 752 at 4 x
+    16), else by 15 rounds of max-and-remove (the same output)."""
     keys = load_candidates(cand_ptr, cand_rows, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
-    write_selection(keys, local, out_row_ptr, row_ok,
-                    SORT and SPLITS_PAD * KEEP >= TOPK and SPLITS_PAD * KEEP <= 4 * TOPK)
+    write_selection(keys, local, out_row_ptr, row_ok, SORT and SPLITS_PAD * KEEP >= TOPK
+                    and SPLITS_PAD * KEEP <= _SORT_MAX_COLUMNS)
 
 
 @triton.jit

@@ -26,8 +26,8 @@ where a row has 16-64 candidates: ``heuristics.PREFILL_MERGE_SORT``).
 Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, KEEP]`` (a row's
 candidates contiguous), written completely by every split program, so no initialization is
 needed between runs (CUDA-graph replays). Merge kernels take one row per program, or
-several for the prefill merge's bitonic top-16 (``merge_config``). The host rules ``keep_per_split``, ``choose_window`` and
-``merge_config`` live in ``heuristics``.
+several for the prefill merge's bitonic top-16 (``merge_config``). The host rules
+``keep_per_split``, ``choose_window`` and ``merge_config`` live in ``heuristics``.
 """
 
 from __future__ import annotations
