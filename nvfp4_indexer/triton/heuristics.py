@@ -229,10 +229,10 @@ def merge_config(num_splits: int, keep: int = TOPK, sort: bool = False) -> tuple
     """``(rows, num_warps)`` of a merge program over ``keep * next_pow2(num_splits)`` candidate
     columns per row. ``sort`` (the prefill merge's ``SORT``, ``PREFILL_MERGE_SORT``): where
     the merge takes the bitonic top-16 (``merge_sorts``), 1 warp holds
-    ``MERGE_SORT_KEYS_PER_WARP`` keys, ``256 // cols`` rows. Otherwise one row per program
-    (each of the 15 selection rounds stays in-thread compares and a few shuffles), on 1 warp
-    (<= 512 columns), 2 (<= 1024) or 4 (more; at most 32 per thread at the largest decode
-    split count)."""
+    ``MERGE_SORT_KEYS_PER_WARP`` keys (``MERGE_SORT_KEYS_PER_WARP // cols`` rows). Otherwise
+    one row per program (each of the 15 selection rounds stays in-thread compares and a few
+    shuffles), on 1 warp (<= 512 columns), 2 (<= 1024) or 4 (more; at most 32 per thread at
+    the largest decode split count)."""
     cols = keep * next_pow2(num_splits)
     if merge_sorts(cols, sort):
         return MERGE_SORT_KEYS_PER_WARP // cols, 1
