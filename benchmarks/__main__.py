@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replays", type=int, default=REPLAYS, help="timed graph replays")
     p.add_argument("--warmup", type=int, default=WARMUP, help="warm-up graph replays")
     p.add_argument("--seed", type=int, default=0, help="seed of keys, queries and page layout")
+    p.add_argument("--allow-fp8-mma", action="store_true",
+                   help="decode suites: DecodeIndexerWrapper(allow_fp8_mma=True), E4M3 operands "
+                        "on SM90's FP8 tensor cores where faster (inexact: SPEC 9 b = 5)")
     p.add_argument("--no-console", action="store_true", help="do not print the final tables")
     p.add_argument("--no-plot", action="store_true",
                    help="do not draw roofline.png (the only use of matplotlib)")
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
                   fast_backend=args.smoke_backend if smoke else "triton", l2_bytes=l2,
                   graph_calls=graph_calls, warmup=args.warmup, replays=args.replays,
                   deadline=log.t0 + budget, reference=not args.no_reference, seed=args.seed,
-                  log=log)
+                  allow_fp8_mma=args.allow_fp8_mma, log=log)
 
     def save():
         write_json(results, json_path)

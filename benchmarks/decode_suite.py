@@ -20,8 +20,9 @@ def _shared_score_buffer(ctx: Context, b: int, width: int, h: int, q_len: int):
     when the runner needs none."""
     if ctx.fast_backend != "triton":
         return None
-    from nvfp4_indexer.triton.decode import score_buffer_size
-    n = score_buffer_size(b, width, h, q_len)
+    from nvfp4_indexer.triton.decode import DecodeConfig, score_buffer_size
+    n = score_buffer_size(b, width, h, q_len,
+                          config=DecodeConfig(dot="fp8") if ctx.allow_fp8_mma else None)
     return torch.empty(n, dtype=torch.float32, device=ctx.device) if n else None
 
 
@@ -40,7 +41,8 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
            "seq_len_mean": sum(sl) / len(sl), "width": width, **_traffic_fields(tr),
            "slots": slots, "reuse_bytes": reuse,
            "reuse_over_l2": reuse / ctx.l2_bytes if ctx.l2_bytes else None,
-           "path": f"DecodeIndexerWrapper(backend={ctx.fast_backend!r}).run"}
+           "path": f"DecodeIndexerWrapper(backend={ctx.fast_backend!r}"
+                   + (", allow_fp8_mma=True" if ctx.allow_fp8_mma else "") + ").run"}
     tables = ctx.pool.block_tables(sl, slots, width)
     seq = torch.tensor(sl, dtype=torch.int32, device=dev)
     q = random_index_q(b * q_len, h, dev, ctx.gen(case.name))
@@ -51,7 +53,7 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
     for bt in tables:
         w = ni.DecodeIndexerWrapper(h, block_table_buffer=bt, seq_lens_buffer=seq,
                                     use_cuda_graph=ctx.cuda, backend=ctx.fast_backend,
-                                    score_buffer=sb)
+                                    score_buffer=sb, allow_fp8_mma=ctx.allow_fp8_mma)
         w.plan(bt, seq, q_len, num_blocks=ctx.pool.num_pages)
         wrappers.append(w)
     wrappers[0].run(q, cache, out)

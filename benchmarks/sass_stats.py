@@ -159,7 +159,7 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
 
 
 def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None,
-                   stages=None):
+                   stages=None, fp8=False):
     """The Gluon page-per-warp wgmma decode score kernel (``triton.wgflat_scorer``) for SM90,
     with the launcher's constexprs (``WGFLAT_STAGES`` / ``WGFLAT_ASYNC`` unless given),
     specialized as a launch on a 16-byte aligned cache gets it."""
@@ -172,11 +172,11 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
     from nvfp4_indexer.triton.heuristics import WGFLAT_ASYNC, WGFLAT_STAGES
     from nvfp4_indexer.triton.wgflat_scorer import wgflat_score_kernel
     rows = block_rows(q_len, heads)
-    cl, mma, ql, scl, b_sl = wgflat_layouts(rows)
+    cl, mma, ql, scl, b_sl = wgflat_layouts(rows, fp8)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
                   CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
                   STAGES=WGFLAT_STAGES if stages is None else stages,
-                  ASYNC=WGFLAT_ASYNC if async_ is None else async_, LAB=lab)
+                  ASYNC=WGFLAT_ASYNC if async_ is None else async_, LAB=lab, FP8=int(fp8))
     fn = wgflat_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
     aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")

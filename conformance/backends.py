@@ -8,6 +8,9 @@ are then reported as skipped. Built-ins:
 * ``triton`` — ``nvfp4_indexer`` with ``backend="triton"``; its score error bound is
   ``nvfp4_indexer.triton.decode.SCORE_ERROR_BITS`` of the dot mode the API uses on the device.
   On a CPU it needs the Triton interpreter (``--interpret``).
+* ``triton-fp8`` — ``triton`` with the decode wrappers' opt-in ``allow_fp8_mma=True`` (E4M3
+  operands on SM90's FP8 tensor cores where faster), judged with dot mode "fp8"'s bound
+  (b = 5); its ``decode_indexer`` runs such a wrapper (plan, then one eager run).
 
 A third-party backend is named ``module:attr`` (``--backend mypkg.mymod:make_backend``):
 ``attr`` is a :class:`Backend` instance or a callable returning one; a callable is given the
@@ -168,8 +171,38 @@ def triton_backend(device: str | None = None) -> Backend:
     return b
 
 
+def triton_fp8_backend(device: str | None = None) -> Backend:
+    """The Triton backend with ``allow_fp8_mma=True`` decode wrappers (see the module doc);
+    score bound ``SCORE_ERROR_BITS["fp8"]`` (exact paths are inside it)."""
+    import nvfp4_indexer as nv
+    from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
+    b = triton_backend(device)
+
+    def wrapper(num_heads, *, block_table_buffer, seq_lens_buffer, use_cuda_graph=True):
+        return nv.DecodeIndexerWrapper(num_heads, block_table_buffer=block_table_buffer,
+                                       seq_lens_buffer=seq_lens_buffer,
+                                       use_cuda_graph=use_cuda_graph, backend="triton",
+                                       allow_fp8_mma=True)
+
+    def decode_indexer(index_q, cache, block_table, seq_lens, query_len, *, out=None):
+        w = wrapper(index_q.shape[1], block_table_buffer=block_table.contiguous().clone(),
+                    seq_lens_buffer=seq_lens.contiguous().clone(), use_cuda_graph=False)
+        w.plan(block_table, seq_lens, query_len, num_blocks=cache.shape[0])
+        if out is None:
+            out = torch.empty((index_q.shape[0], index_q.shape[1], 16), dtype=torch.int32,
+                              device=index_q.device)
+        return w.run(index_q, cache, out)
+
+    b = dataclasses.replace(b, name="triton-fp8", make_decode_wrapper=wrapper,
+                            decode_indexer=decode_indexer,
+                            score_error_bits=SCORE_ERROR_BITS["fp8"])
+    b.info["score_error_bits_source"] = 'nvfp4_indexer.triton.decode.SCORE_ERROR_BITS["fp8"]'
+    return b
+
+
 def load_backend(spec: str, device: str | None = None) -> Backend:
-    """Resolve ``spec``: "reference", "triton", or "module:attr" (see the module doc).
+    """Resolve ``spec``: "reference", "triton", "triton-fp8", or "module:attr" (see the module
+    doc).
 
     Raises:
         ValueError: a malformed spec, or ``attr`` that is neither a Backend nor a factory of one.
@@ -179,9 +212,11 @@ def load_backend(spec: str, device: str | None = None) -> Backend:
         return reference_backend(device or "cpu")
     if spec == "triton":
         return triton_backend(device)
+    if spec == "triton-fp8":
+        return triton_fp8_backend(device)
     if ":" not in spec:
-        raise ValueError(f"--backend: expected 'reference', 'triton' or 'module:attr', "
-                         f"got {spec!r}")
+        raise ValueError(f"--backend: expected 'reference', 'triton', 'triton-fp8' or "
+                         f"'module:attr', got {spec!r}")
     mod_name, attr = spec.split(":", 1)
     obj = getattr(importlib.import_module(mod_name), attr)
     if callable(obj) and not isinstance(obj, Backend):

@@ -25,7 +25,7 @@ SUBCOMMANDS = ("run", "replay", "golden", "list")
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="reference",
-                   help="reference | triton | module:attr (a conformance.Backend or a factory "
+                   help="reference | triton | triton-fp8 | module:attr (a conformance.Backend or a factory "
                         "of one; see docs/conformance.md). Default: reference")
     p.add_argument("--device", default=None,
                    help="device of the backend's tensors (default: cuda for triton when "

@@ -402,15 +402,24 @@ class DecodeIndexerWrapper:
             its first ``run()``, and a ``plan()`` before either checks ids >= 0 only. Kernels
             never read outside the cache they are given whatever the plan saw (block ids are
             clamped into it; seq_lens to the block-table width).
+        allow_fp8_mma: opt in to inexact scores (SPEC 9, b = 5 instead of 15): on an SM90
+            GPU the Triton backend then multiplies E4M3 operands on the FP8 tensor cores
+            where that is faster (large batches; ``nvfp4_indexer.triton.DecodeConfig``
+            ``dot="fp8"``), exactly elsewhere. Observed worst error ~2^-13 of a row's
+            magnitude; docs/benchmarks.md (issue 13, twelfth step) gives speed and
+            selections. No effect on the reference backend or off CUDA (exact).
     Raises:
-        ValueError: bad buffers, ``num_heads``, ``score_buffer`` or ``num_blocks``.
+        ValueError: bad buffers, ``num_heads``, ``score_buffer``, ``num_blocks`` or
+        ``allow_fp8_mma`` (not a bool).
     """
 
     def __init__(self, num_heads: int, *, block_table_buffer: torch.Tensor,
                  seq_lens_buffer: torch.Tensor, use_cuda_graph: bool = True,
                  backend: str = "auto", score_buffer: torch.Tensor | None = None,
-                 num_blocks: int | None = None):
+                 num_blocks: int | None = None, allow_fp8_mma: bool = False):
         num_heads = v.check_int("num_heads", num_heads, lo=1)
+        if not isinstance(allow_fp8_mma, bool):
+            v.fail("allow_fp8_mma", "a bool", repr(allow_fp8_mma))
         v.check_tensor("block_table_buffer", block_table_buffer, dtypes=(torch.int32,), ndim=2,
                        contiguous=True)
         dev = block_table_buffer.device
@@ -418,8 +427,10 @@ class DecodeIndexerWrapper:
                        shape=(block_table_buffer.shape[0],), device=dev, contiguous=True)
         self.num_blocks = v.check_int("num_blocks", num_blocks, lo=0, optional=True)
         self.backend = v.check_backend(backend, dev)
+        self.allow_fp8_mma = allow_fp8_mma
         if score_buffer is not None:
-            _check_score_buffer(score_buffer, dev, *block_table_buffer.shape, num_heads)
+            _check_score_buffer(score_buffer, dev, *block_table_buffer.shape, num_heads,
+                                _runner_config(allow_fp8_mma, dev, self.backend))
         self.num_heads = num_heads
         self.block_table = block_table_buffer
         self.seq_lens = seq_lens_buffer
@@ -431,6 +442,11 @@ class DecodeIndexerWrapper:
     @property
     def num_reqs(self) -> int:
         return self.block_table.shape[0]
+
+    def runner_config(self):
+        """The Triton runner's ``DecodeConfig``: ``dot="fp8"`` with ``allow_fp8_mma`` on a
+        CUDA device, else None (the defaults)."""
+        return _runner_config(self.allow_fp8_mma, self.block_table.device, self.backend)
 
     def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, query_len: int, *,
              num_blocks: int | None = None) -> None:
@@ -462,7 +478,7 @@ class DecodeIndexerWrapper:
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
             self._runner = _kernels().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
-                warmup=self.use_cuda_graph and dev.type == "cuda")
+                config=self.runner_config(), warmup=self.use_cuda_graph and dev.type == "cuda")
         if seq_lens.data_ptr() != self.seq_lens.data_ptr():
             self.seq_lens.copy_(seq_lens)
         if block_table.data_ptr() != self.block_table.data_ptr() or \
@@ -527,7 +543,16 @@ class DecodeIndexerWrapper:
         return out
 
 
-def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int) -> None:
+def _runner_config(allow_fp8_mma: bool, device: torch.device, backend: str):
+    """A decode wrapper's Triton ``DecodeConfig``: ``dot="fp8"`` when ``allow_fp8_mma`` on a
+    CUDA device with the Triton backend, else None (the defaults)."""
+    if not allow_fp8_mma or device.type != "cuda" or backend != "triton":
+        return None
+    return _kernels().DecodeConfig(dot="fp8")
+
+
+def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,
+                        config=None) -> None:
     """A wrapper's ``score_buffer`` (SPEC 6, 10): a contiguous 1-d float32 tensor on
     ``device``, 8-byte aligned, no smaller than the least any query length needs (the exact
     size, which depends on Q, is checked at the first Triton ``plan()``)."""
@@ -545,7 +570,8 @@ def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int) 
         return
     hz = kernels.heuristics
     sizes = [kernels.score_buffer_size(num_reqs, width, num_heads, q,
-                                       num_sms=hz.num_sms(device))
+                                       num_sms=hz.num_sms(device), config=config,
+                                       device=device)
              for q in range(1, 9) if q * num_heads <= hz.MAX_ROWS]
     if sizes and buf.numel() < min(sizes):
         v.fail("score_buffer", f"at least {min(sizes)} float32 elements "

@@ -113,11 +113,14 @@ class IndexerConfig:
         context_parallel_group: a ``torch.distributed`` group for decode context parallelism
             (SPEC 8.2; ``Indexer`` builds one ``ContextParallelDecodeWrapper`` per (padded
             batch size, Q), exchanging candidates by all-gather).
+        allow_fp8_mma: decode scores may be inexact (SPEC 9 b = 5): the decode wrappers'
+            ``allow_fp8_mma`` (E4M3 operands on SM90's FP8 tensor cores where faster). Not
+            with ``context_parallel_group`` (its decoders score exactly); prefill is exact.
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
         ValueError: a non-positive size or one past int32 (2**31 - 1), bad batch sizes or
-        device. NotImplementedError:
+        device, ``allow_fp8_mma`` not a bool. NotImplementedError:
         ``max_decode_query_len`` > 8, ``num_heads * max_decode_query_len`` > 64, or another
         top-k / block setting; the message names the supported values.
     """
@@ -130,6 +133,7 @@ class IndexerConfig:
     cudagraph_batch_sizes: tuple = ()
     device: Any = None
     context_parallel_group: Any = None
+    allow_fp8_mma: bool = False
     topk: int = TOPK
     init_blocks: int = 0
     local_blocks: int = 1
@@ -162,6 +166,8 @@ class IndexerConfig:
                 f"num_heads: with max_decode_query_len={self.max_decode_query_len} the decode "
                 f"kernels serve 1..{max_heads} index heads per rank "
                 f"(num_heads * max_decode_query_len <= {MAX_DECODE_ROWS}), got {self.num_heads}")
+        if not isinstance(self.allow_fp8_mma, bool):
+            v.fail("allow_fp8_mma", "a bool", repr(self.allow_fp8_mma))
         sizes = self.cudagraph_batch_sizes
         if sizes is None:
             sizes = ()
@@ -380,7 +386,7 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
             dev = self.block_table.device
             self._runner = _kernels().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
-                warmup=self.use_cuda_graph and dev.type == "cuda")
+                config=self.runner_config(), warmup=self.use_cuda_graph and dev.type == "cuda")
         # Skipped when the caller passes the buffers themselves (in-place mode, Indexer).
         dst, src = [], []
         sl_ptr, bt_ptr = seq_lens.data_ptr(), block_table.data_ptr()
@@ -632,7 +638,10 @@ class Indexer:
             return 2
         kernels = _kernels()
         sms = kernels.heuristics.num_sms(c.device)
-        dec = max(kernels.score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms)
+        cfg = kernels.DecodeConfig(dot="fp8") if c.allow_fp8_mma and c.device.type == "cuda" \
+            else None
+        dec = max(kernels.score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms,
+                                            config=cfg, device=c.device)
                   for q in range(1, c.max_decode_query_len + 1)
                   for b in range(1, self.max_decode_reqs + 1))
         blocks = _cdiv(c.max_num_batched_tokens * c.num_heads, 128)
@@ -694,7 +703,8 @@ class Indexer:
                 c.num_heads, block_table_buffer=self.decode_block_table[:key[0]],
                 seq_lens_buffer=self.decode_seq_lens[:key[0]],
                 use_cuda_graph=self.device.type == "cuda", backend=self.backend,
-                score_buffer=self.score_buffer if self.backend == "triton" else None)
+                score_buffer=self.score_buffer if self.backend == "triton" else None,
+                allow_fp8_mma=c.allow_fp8_mma)
             dec.plan_from_host(self.decode_block_table[:key[0]], self.decode_seq_lens[:key[0]],
                                key[1])  # builds the runner (compiles on a GPU)
             self.decoders[key] = dec

@@ -171,3 +171,31 @@ def test_empty_batches():
                             torch.zeros(2, dtype=torch.int32), 2, **REF)
     assert out.shape == (4, 1, 16)
     assert torch.all(out[..., 0] == 0) and torch.all(out[..., 1:] == -1)
+
+
+
+def test_wrapper_allow_fp8_mma_validated_and_exact_off_cuda():
+    """``allow_fp8_mma`` must be a bool (SPEC 10); off CUDA it changes nothing: the wrapper's
+    runner config stays the default and its output equals the exact reference."""
+    from nvfp4_indexer.reference.paging import new_index_cache
+    bt = torch.zeros((2, 20), dtype=torch.int32)
+    sl = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="allow_fp8_mma"):
+        ni.DecodeIndexerWrapper(2, block_table_buffer=bt, seq_lens_buffer=sl, allow_fp8_mma=1)
+    scratch = torch.empty(1 << 16, dtype=torch.float32)
+    for backend in ("reference", "auto"):
+        w = ni.DecodeIndexerWrapper(2, block_table_buffer=bt, seq_lens_buffer=sl,
+                                    backend=backend, allow_fp8_mma=True, score_buffer=scratch)
+        assert w.runner_config() is None
+    gen = torch.Generator().manual_seed(2)
+    cache = new_index_cache(40)
+    ni.write_index_k(cache, torch.randn(40 * 128, 128, generator=gen), torch.arange(40 * 128),
+                     backend="reference")
+    table = torch.randperm(40, generator=gen)[:40].view(2, 20).to(torch.int32)
+    lens = torch.tensor([20 * 128, 17 * 128 + 3], dtype=torch.int32)
+    q = ni.encode_e4m3(torch.randn(2, 2, 128, generator=gen))
+    w = ni.DecodeIndexerWrapper(2, block_table_buffer=bt, seq_lens_buffer=sl,
+                                backend="reference", allow_fp8_mma=True)
+    w.plan(table, lens, 1)
+    out = w.run(q, cache, torch.empty((2, 2, 16), dtype=torch.int32))
+    assert torch.equal(out, ni.decode_indexer(q, cache, table, lens, 1, backend="reference"))

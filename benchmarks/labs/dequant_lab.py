@@ -84,6 +84,13 @@ VARIANTS = {
     "wgf pps8": {"dequant": "wgflat", "programs_per_sm": 8},
     "wgf lab2": {"dequant": "wgflat", "_lab": 2},  # no lookup (wrong scores)
     "wgf lab3": {"dequant": "wgflat", "_lab": 3},  # no MMA (wrong scores)
+    # the same scorer with E4M3 operands (dot "fp8": ``lut.LUT_E4M3_ASM``, fp8 wgmma, b = 5)
+    "wgf8": {"dequant": "wgflat", "dot": "fp8"},
+    "wgf8 pps5": {"dequant": "wgflat", "dot": "fp8", "programs_per_sm": 5},
+    "wgf8 pps6 r80": {"dequant": "wgflat", "dot": "fp8", "programs_per_sm": 6, "maxnreg": 80},
+    "wgf8 s8": {"dequant": "wgflat", "dot": "fp8", "_wgf_stages": 8},
+    "wgf8 lab2": {"dequant": "wgflat", "dot": "fp8", "_lab": 2},
+    "wgf8 lab3": {"dequant": "wgflat", "dot": "fp8", "_lab": 3},
     # the select kernel (``decode_wgmma.select_launch``): the Gluon redux select up to a
     # width (0: the split form from W 1, "oldsel" also without it: the Triton selects), its
     # rows per program, the int64 wide select for any row count
@@ -306,12 +313,16 @@ def check_decode(dev, variants, lens=ADVERSARIAL_LENS) -> list[tuple[str, str]]:
             if kw.get("_lab", 0) in SOL_LABS:
                 rows.append((f"decode adversarial {name}", "ok: not checked (speed of light)"))
                 continue
-            make_runner(b, bt.shape[1], dev, kw).run(q, cache, bt, seq, out)
+            runner = make_runner(b, bt.shape[1], dev, kw)
+            runner.run(q, cache, bt, seq, out)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            res = tie_aware_check(out, exact, mag, local, 15)
+            res = tie_aware_check(out, exact, mag, local, runner.error_bits)
             eq_ref = float((out.cpu() == refsel.cpu()).all(-1).float().mean())
-            msg = f"tie-aware failures {res.failed}, rows == reference {eq_ref:.3f}"
+            msg = (f"tie-aware failures {res.failed} (b = {runner.error_bits}), rows == "
+                   f"reference {eq_ref:.3f}")
+            if runner.dequant in ("mma", "wgflat", "wgmma"):
+                msg += f", {score_error_bits(runner, q, cache, bt, seq, exact, mag)}"
             if base is None:
                 base = out
             else:
@@ -322,6 +333,30 @@ def check_decode(dev, variants, lens=ADVERSARIAL_LENS) -> list[tuple[str, str]]:
         rows.append((f"decode adversarial {name}", verdict))
         log(f"decode adversarial {name}: {verdict}")
     return rows
+
+
+def score_error_bits(runner, q, cache, bt, seq, exact, mag) -> str:
+    """The page-score kernel alone on a batch: the largest |score - exact| of a scored page
+    as -log2 of its fraction of the row's magnitude (SPEC 9's e = 2^-b * mag: the observed b),
+    and how many scored scores are bit-equal to the exact fp32 ones."""
+    from nvfp4_indexer.triton import decode_wgmma
+    b, w = bt.shape
+    n = runner.block_m
+    scores = torch.full((decode_wgmma.scratch_elems(b, w, n),), float("nan"), device=q.device)
+    runner._page_score.run_score(q, cache, bt, seq, scores, num_blocks=cache.shape[0])
+    torch.cuda.synchronize(q.device)
+    got = scores.view(b, n, w)[:, :Q_LEN * HEADS].reshape(b, Q_LEN, HEADS, w) \
+        .reshape(b * Q_LEN, HEADS, w).double()
+    ex = exact.double()
+    ok = torch.isfinite(ex) & torch.isfinite(got) & (mag[..., None] > 0)
+    # rows score pages below their own local page only: compare those
+    if not bool(ok.any()):
+        return "no finite scored page"
+    err = ((got - ex).abs() / mag[..., None].double())[ok]
+    worst = float(err.max())
+    bits = float("inf") if worst == 0 else -torch.log2(torch.tensor(worst)).item()
+    equal = float((got[ok] == ex[ok]).double().mean())
+    return f"observed b {bits:.1f} (worst |err| / mag {worst:.2e}), scores == exact {equal:.3f}"
 
 
 # -------------------------------------------------------------------------------- 3. timing

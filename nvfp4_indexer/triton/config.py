@@ -60,7 +60,8 @@ class DecodeConfig(_Config):
             interpreter; "bf16" and "fp8" for comparison, see ``decode.SCORE_ERROR_BITS``).
         dequant: one of ``DECODE_DEQUANT_MODES`` (default ``heuristics.choose_dequant``):
             "mma" (one warp per program, CUDA SM89+, dot fp16) / "wgflat" (one page per
-            warp of a wgmma warpgroup, SM90, dot fp16) / "wgmma" (SM90, dot fp16) /
+            warp of a wgmma warpgroup, SM90, dot fp16, or fp8: E4M3 operands) / "wgmma"
+            (SM90, dot fp16) /
             "lut" (their plain-Triton twin, dot fp32) score pages to a scratch then select
             (``decode_wgmma``); "triton" / "ptx" (SM89+) / "ptx_arith" (SM90+) run the
             one-launch kernel (ptx modes: CUDA and dot fp16).

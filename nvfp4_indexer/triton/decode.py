@@ -135,8 +135,8 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
     dequant = cfg.dequant
     rows = block_rows(query_len, num_heads)
     if dequant is None:
-        dequant = hz.choose_dequant(device, "fp32" if portable_default(device) else "fp16",
-                                    num_reqs, num_pages, cfg.page_score_min_pages, rows)
+        dequant = hz.choose_dequant(device, resolve_dot(cfg.dot, device), num_reqs, num_pages,
+                                    cfg.page_score_min_pages, rows)
     if dequant in PAGE_SCORE_MODES:
         return decode_wgmma.scratch_elems(num_reqs, num_pages, rows)
     if num_sms is None:
@@ -266,7 +266,9 @@ class DecodeRunner:
         self.dot = resolve_dot(cfg.dot, self.device)
         dequant = cfg.dequant or hz.choose_dequant(self.device, self.dot, num_reqs, width,
                                                    cfg.page_score_min_pages, self.block_m)
-        _check_dequant(dequant, self.dot, self.device, self.block_m)
+        # what the kernels run: dot "fp8" is a bound, met exactly by modes without E4M3 operands
+        self.kernel_dot = hz.fp8_kernel_dot(self.dot, dequant)
+        _check_dequant(dequant, self.kernel_dot, self.device, self.block_m)
         pps = cfg.programs_per_sm or {"wgmma": hz.WGMMA_PROGRAMS_PER_SM,
                                       "mma": hz.MMA_PROGRAMS_PER_SM,
                                       "wgflat": hz.WGFLAT_PROGRAMS_PER_SM}.get(
@@ -320,11 +322,11 @@ class DecodeRunner:
             self._page_score = decode_wgmma.PageScoreLaunch(
                 self.dequant, width=self.width, query_len=q, num_heads=h, rows=self.block_m,
                 num_splits=self.num_splits, num_reqs=self.num_reqs, programs=self.programs,
-                maxnreg=self.maxnreg)
+                maxnreg=self.maxnreg, fp8=self.kernel_dot == "fp8")
             return
         self._score = CachedLaunch(
             _decode_score_kernel, Q=q, H=h, BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
-            DOT=self.dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
+            DOT=self.kernel_dot, DEQUANT=self.dequant, WINDOW=self.window, KEEP=self.keep,
             PDL=self.pdl, num_warps=self.num_warps, num_stages=self.num_stages,
             **self._reg_cap)
         cands = self.num_splits * self.keep
@@ -346,8 +348,9 @@ class DecodeRunner:
 
     @property
     def error_bits(self) -> int:
-        """SPEC 9's b for this runner's dot mode."""
-        return SCORE_ERROR_BITS[self.dot]
+        """SPEC 9's b of what this runner's kernels compute (``kernel_dot``: with dot "fp8",
+        15 where the chosen scorer has no E4M3 operands)."""
+        return SCORE_ERROR_BITS[self.kernel_dot]
 
     def _scratch_view(self, buf: torch.Tensor, n: int, nw: int):
         if not isinstance(buf, torch.Tensor) or buf.dtype != torch.float32 or buf.dim() != 1 \
@@ -436,10 +439,13 @@ def _check_dequant(dequant: str, dot: str, device: torch.device, block_m: int) -
     if dequant == "mma" and (dot != "fp16" or not decode_wgmma.mma_available(device)):
         raise ValueError(f"dequant: 'mma' needs a CUDA SM89+ GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")
-    if dequant in ("wgmma", "wgflat") and (
-            dot != "fp16" or not decode_wgmma.wgmma_available(device)):
-        raise ValueError(f"dequant: {dequant!r} needs a CUDA SM90 GPU and dot 'fp16', got dot "
+    if dequant == "wgmma" and (dot != "fp16" or not decode_wgmma.wgmma_available(device)):
+        raise ValueError(f"dequant: 'wgmma' needs a CUDA SM90 GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")
+    if dequant == "wgflat" and (dot not in ("fp16", "fp8")
+                                or not decode_wgmma.wgmma_available(device)):
+        raise ValueError(f"dequant: 'wgflat' needs a CUDA SM90 GPU and dot 'fp16' or 'fp8', "
+                         f"got dot {dot!r} on {device}")
     if dequant in KERNEL_DEQUANT_MODES and dequant != "triton" and (
             dot != "fp16" or portable_default(device)):
         raise ValueError(f"dequant: {dequant!r} needs a CUDA GPU and dot 'fp16', got dot "

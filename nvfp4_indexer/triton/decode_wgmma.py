@@ -67,7 +67,7 @@ import triton.language as tl
 
 from .layout import (CODE_BYTES, GROUPS, HEAD, HISTORY, PAGE, SCALES_OFFSET, local_page,
                      num_history_pages, scored_pages)
-from .lut import lut_dequant_portable, lut_table
+from .lut import lut_dequant_portable, lut_table, lut_table_e4m3
 from .numerics import e4m3_decode
 from .scan import clamped_seq_len
 from .scoring import page_max
@@ -106,10 +106,10 @@ def phys_dim(c: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_table(device: torch.device) -> torch.Tensor:
-    """``lut_table`` on ``device``, allocated once per device and kept alive (CUDA graphs
-    capture its address)."""
-    return lut_table(device)
+def _device_table(device: torch.device, fp8: bool = False) -> torch.Tensor:
+    """``lut_table`` (``fp8``: ``lut_table_e4m3``) on ``device``, allocated once per device and
+    kept alive (CUDA graphs capture its address)."""
+    return lut_table_e4m3(device) if fp8 else lut_table(device)
 
 
 def wgmma_available(device) -> bool:
@@ -352,26 +352,31 @@ def mma_layouts(rows: int):
 
 
 @functools.lru_cache(maxsize=None)
-def wgflat_layouts(rows: int):
+def wgflat_layouts(rows: int, fp8: bool = False):
     """Constexpr layouts of the page-per-warp wgmma scorer (``wgflat_scorer``, 4 warps) for
     N = ``rows`` query rows: ``(CL, MMA, QL, SCL, B_SL)`` -- the A-tile code / scale read
     layout ``[64, 4, 2]`` (``mma_layouts``' CL with warp w on rows 16w .. 16w+15: the wgmma A
     operand's bases), the wgmma accumulator, the query load, the cp.async layout of a tile's
-    scale bytes ``[64, 8]`` and the query's shared layout (cached)."""
+    scale bytes ``[64, 8]`` and the query's shared layout (cached). ``fp8``: the E4M3-operand
+    variant (``FP8``: k = 32 per wgmma, the query E4M3 ``[N, 64]`` per K half, K-major)."""
     from triton.experimental.gluon import language as gl
     cl = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [8, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 2])
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                    instr_shape=[16, rows, 16])
-    ql = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+                                    instr_shape=[16, rows, 32 if fp8 else 16])
     scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
                                      lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
                                      warp_bases=[[16, 0], [32, 0]], block_bases=[],
                                      shape=[64, 8])
-    b_sl = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * rows), element_bitwidth=16,
-                                rank=2)
+    if fp8:
+        ql = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+        b_sl = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    else:
+        ql = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        b_sl = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * rows), element_bitwidth=16,
+                                    rank=2)
     return cl, mma, ql, scl, b_sl
 
 
@@ -437,13 +442,20 @@ class PageScoreLaunch:
             / "lut" (``flat_partition``; default ``B * num_splits``).
         maxnreg: the register cap of "mma" (default ``MMA_MAXNREG``) or "wgflat" (default
             none: 106 registers at 32 rows); the other modes ignore it.
+        fp8: "wgflat" only: E4M3 operands (``lut.LUT_E4M3_ASM``, fp8 wgmma: dot mode "fp8",
+            SPEC 9 b = 5) instead of fp16 ones (dot "fp16", b = 15).
+    Raises:
+        ValueError: ``fp8`` with a mode other than "wgflat".
     """
 
     def __init__(self, dequant: str, *, width: int, query_len: int, num_heads: int, rows: int,
                  num_splits: int, num_reqs: int, programs: int | None = None,
-                 maxnreg: int | None = None):
+                 maxnreg: int | None = None, fp8: bool = False):
         from .launcher import CachedLaunch
-        self.dequant, self.num_splits = dequant, num_splits
+        if fp8 and dequant != "wgflat":
+            raise ValueError(f"fp8: only the 'wgflat' scorer has E4M3 operands, got dequant "
+                             f"{dequant!r}")
+        self.dequant, self.num_splits, self.fp8 = dequant, num_splits, fp8
         self.programs = programs or num_reqs * num_splits
         self.q_len, self.heads, self.num_reqs = query_len, num_heads, num_reqs
         bb = max(32, triton.next_power_of_2(num_reqs))  # the flat partition's request vector
@@ -464,14 +476,16 @@ class PageScoreLaunch:
         elif dequant == "wgflat":
             from .heuristics import WGFLAT_ASYNC, WGFLAT_STAGES
             from .wgflat_scorer import wgflat_score_kernel
-            cl, mma, ql, scl, b_sl = wgflat_layouts(rows)
+            cl, mma, ql, scl, b_sl = wgflat_layouts(rows, fp8)
             opts = {} if maxnreg is None else {"maxnreg": maxnreg}
+            # E4M3 operands: synchronous wgmma (Triton 3.6 cannot keep 8-bit register
+            # operands alive across an asynchronous wgmma's wait)
+            asy = WGFLAT_ASYNC if WGFLAT_LAB_ASYNC is None else WGFLAT_LAB_ASYNC
             self.score = CachedLaunch(wgflat_score_kernel, Q=query_len, H=num_heads, N=rows,
                                       BB=bb, CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
                                       STAGES=WGFLAT_STAGES if WGFLAT_LAB_STAGES is None
-                                      else WGFLAT_LAB_STAGES,
-                                      ASYNC=WGFLAT_ASYNC if WGFLAT_LAB_ASYNC is None
-                                      else WGFLAT_LAB_ASYNC, LAB=MMA_LAB, num_warps=4, **opts)
+                                      else WGFLAT_LAB_STAGES, ASYNC=0 if fp8 else asy,
+                                      LAB=MMA_LAB, FP8=int(fp8), num_warps=4, **opts)
         else:
             self.score = CachedLaunch(_portable_score_kernel, Q=query_len, H=num_heads, N=rows,
                                       BB=bb, num_warps=4)
@@ -513,7 +527,7 @@ class PageScoreLaunch:
                              f"{cache.data_ptr():#x} and page stride {cache.stride(0)}")
         b, width = block_table.shape
         q8 = index_q.view(torch.uint8)
-        table = _device_table(cache.device)
+        table = _device_table(cache.device, self.fp8)
         if dequant == "wgmma":
             self.score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
                        cache.stride(0) // 16, num_blocks, block_table, block_table.stride(0),
@@ -530,15 +544,15 @@ class PageScoreLaunch:
 
 def launch(dequant: str, index_q, cache, block_table, seq_lens, out, scores, *, num_blocks,
            query_len: int, num_heads: int, rows: int, num_splits: int,
-           programs: int | None = None, maxnreg: int | None = None) -> None:
+           programs: int | None = None, maxnreg: int | None = None, fp8: bool = False) -> None:
     """``PageScoreLaunch(...)(...)`` in one call (tests, labs; a runner keeps its
     ``PageScoreLaunch``): both kernels, no allocation, no sync. Arguments and errors as
     ``PageScoreLaunch`` (B from ``block_table``)."""
     b, width = block_table.shape
     PageScoreLaunch(dequant, width=width, query_len=query_len, num_heads=num_heads, rows=rows,
-                    num_splits=num_splits, num_reqs=b, programs=programs,
-                    maxnreg=maxnreg)(index_q, cache, block_table, seq_lens, out, scores,
-                                     num_blocks=num_blocks)
+                    num_splits=num_splits, num_reqs=b, programs=programs, maxnreg=maxnreg,
+                    fp8=fp8)(index_q, cache, block_table, seq_lens, out, scores,
+                             num_blocks=num_blocks)
 
 
 def select(scores, seq_lens, out, *, width: int, query_len: int, num_heads: int,

@@ -30,6 +30,11 @@ MMA_MAXNREG = 168  # its register cap: 3 one-warp programs per scheduler, no spi
 MMA_STAGES = 4  # chunk slots of its cp.async ring (3 chunks of 16 tokens in flight)
 WGFLAT_PROGRAMS_PER_SM = 4  # its flat programs per SM: residency at <= 128 registers
 WGFLAT_MIN_PAGES = 24576  # B * (W - 1) from this on SM90 at 32 rows: dequant "wgflat"
+# dot "fp8" (opt-in, SPEC 9 b = 5) on SM90: "wgflat" with E4M3 operands from these many pages
+# B * (W - 1) at 32 rows / at <= 16 rows; below them the exact fp16 choice, which measured
+# faster there (docs/benchmarks.md, issue 13, twelfth step)
+FP8_MIN_PAGES = 2048
+FP8_MIN_PAGES_NARROW = 4096
 WGFLAT_MIN_ROWS = 32  # ... and BLOCK_M from this (at 16 rows it measured even with "mma")
 WGFLAT_MIN_WIDTH = 64  # ... and W - 1 from this (its measured domain; shorter: "mma")
 WGFLAT_MIN_GROUPS = 2  # its flat programs: at most one per this many groups of 4 pages
@@ -389,12 +394,25 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
     ``default_dequant`` (the one-launch
     kernel: its fused top-k saves the select launch). "mma" also runs on SM89 and SM100
     (``mma.sync``; compiled offline for sm_100a) but is measured on SM90 only, so it is the
-    default there only."""
+    default there only. With dot "fp8" (opt-in, SPEC 9 b = 5) on SM90 at <= ``MMA_MAX_ROWS``
+    rows: "wgflat" with E4M3 operands (the only scorer with a native E4M3 MMA on SM90:
+    ``mma.sync`` has none there) from ``FP8_MIN_PAGES`` pages at 32 rows,
+    ``FP8_MIN_PAGES_NARROW`` at fewer (``min_pages`` replaces both when given), else the
+    fp16 choice (exact, and measured faster there: ``fp8_kernel_dot`` runs it on fp16)."""
     from .decode_wgmma import mma_available
     wide = rows > MMA_MAX_ROWS
+    explicit = min_pages is not None
     if min_pages is None:
         min_pages = WGMMA_MIN_PAGES if wide else MMA_MIN_PAGES
     pages = num_reqs * (width - 1)
+    if dot == "fp8":
+        fp8_min = min_pages if explicit else (
+            FP8_MIN_PAGES if rows >= WGFLAT_MIN_ROWS else FP8_MIN_PAGES_NARROW)
+        if not wide and pages >= fp8_min and width - 1 > SHORT_MAX_LOCAL \
+                and mma_available(device) and torch.cuda.get_device_capability(device) == (9, 0):
+            return "wgflat"
+        return choose_dequant(device, "fp16", num_reqs, width, min_pages if explicit else None,
+                              rows)
     if dot == "fp16" and pages >= min_pages and width - 1 > SHORT_MAX_LOCAL \
             and (wide or width - 1 >= MMA_MIN_WIDTH) and mma_available(device) \
             and torch.cuda.get_device_capability(device) == (9, 0):
@@ -404,6 +422,16 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
             and width - 1 >= WGFLAT_MIN_WIDTH
         return "wgflat" if flat else "mma"
     return default_dequant(device, dot)
+
+
+def fp8_kernel_dot(dot: str, dequant: str) -> str:
+    """The dot mode a decode kernel runs for the runner's ``dot``: dot "fp8" is a bound
+    (SPEC 9 b = 5) the runner may use, so modes without E4M3 operands run their exact form
+    ("ptx", "ptx_arith", "mma", "wgmma": fp16, b = 15; "lut": fp32, b = 16; both within it);
+    "wgflat" and the one-launch "triton" kernel run fp8. Other dot modes unchanged."""
+    if dot == "fp8" and dequant not in ("wgflat", "triton"):
+        return "fp32" if dequant == "lut" else "fp16"
+    return dot
 
 
 def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_parts,

@@ -276,3 +276,112 @@ def reference_f16_bits(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.
     k = encode_e4m3(e2m1_value(nib) * s).to(torch.float16)
     bits = k.view(torch.int16).to(torch.int32) & 0xFFFF
     return torch.where(torch.isnan(k), 0x7E00, bits)
+
+
+# --------------------------------------------------------------------------------------------
+# E4M3 operands (dot mode "fp8"): the lookup emits the dequantized E4M3 bytes themselves
+# --------------------------------------------------------------------------------------------
+# A SPEC 1.4 key *is* an E4M3 byte, and rounding is sign-symmetric, so with the scale's sign
+# folded into the table (row s, byte m = the E4M3 byte of dequant_e4m3(m, s)) a code c gives
+# ``T[s][c & 7] ^ ((c >> 3) << 7)`` (code 8 with a valid scale: 0x00 ^ 0x80 = 0x80, SPEC 1.4).
+# Per word of 8 codes: two ``prmt`` look up 4 bytes each (nibbles 0..3, 4..7: the natural
+# order), two more spread the code signs to full-byte masks (the odd nibbles' sign is bit 7 of
+# their byte, the even nibbles' bit 7 of the word shifted by 4; ``prmt``'s replicate mode),
+# one ``lop3`` per output word applies bit 7: 9 integer instructions per 8 values, none per
+# group (LUT_ASM: 16 + 1).
+
+def lut_table_e4m3(device=None) -> torch.Tensor:
+    """The signed E4M3 table of dot mode "fp8": int64 ``[256]``, byte m of entry s (little
+    endian) = the E4M3 byte of ``dequant_e4m3(m, s)`` (SPEC 1.4, the scale's sign included;
+    NaN results as the reference encoder gives them)."""
+    from ..reference.formats import E2M1_MAGNITUDES, decode_e4m3, encode_e4m3
+    s = decode_e4m3(torch.arange(256, dtype=torch.int32).to(torch.uint8))
+    mag = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    byte = encode_e4m3(mag[None, :] * s[:, None]).view(torch.uint8).to(torch.int64)  # [256, 8]
+    table = (byte << (torch.arange(8, dtype=torch.int64) * 8)).sum(dim=1)  # disjoint bytes
+    return table.to(device) if device is not None else table
+
+
+def _lut_e4m3_word_asm(word: str, lo: str, hi: str) -> str:
+    """PTX of one 32-bit code word -> ``lo`` (E4M3 bytes of nibbles 0..3) and ``hi`` (4..7)."""
+    return f"""and.b32 x, {word}, 0x77777777;    // 3-bit magnitude index of each nibble
+shr.u32 xh, x, 16;
+prmt.b32 rl, tl, th, x;              // [T(n0) T(n1) T(n2) T(n3)] (signed by the scale)
+prmt.b32 rh, tl, th, xh;             // [T(n4) T(n5) T(n6) T(n7)]
+shl.b32 w4, {word}, 4;               // even nibbles' sign bits onto bit 7 of their byte
+prmt.b32 sl, w4, {word}, 0xD9C8;     // byte k: 0xFF where nibble k's code is negative
+prmt.b32 sh, w4, {word}, 0xFBEA;     // the same for nibbles 4..7
+lop3.b32 {lo}, rl, sl, 0x80808080, 0x78;  // rl ^ (sl & 0x80808080)
+lop3.b32 {hi}, rh, sh, 0x80808080, 0x78;
+"""
+
+
+# Inputs: $4 = int64, 16 codes of one group (low word: dims 16G..16G+7, nibble k = dim 16G + k);
+# $5 = the group's ``lut_table_e4m3`` entry (int64, loaded by the caller). Outputs: $0 / $1
+# the E4M3 bytes of nibbles 0..3 / 4..7 of the low word, $2 / $3 of the high word.
+LUT_E4M3_ASM = ("{\n.reg .b32 wl, wh, x, xh, rl, rh, w4, sl, sh, tl, th;\n"
+                "mov.b64 {wl, wh}, $4;\n"
+                "mov.b64 {tl, th}, $5;               // the scale's 8 signed E4M3 bytes\n"
+                + _lut_e4m3_word_asm("wl", "$0", "$1") + _lut_e4m3_word_asm("wh", "$2", "$3")
+                + "}")
+LUT_E4M3_CONSTRAINTS = "=r,=r,=r,=r,l,l"
+
+
+def _unpack_bytes(words: torch.Tensor) -> torch.Tensor:
+    """Four E4M3x4 words per group (``LUT_E4M3_ASM``'s outputs $0..$3) -> int32 ``[N, 16]``:
+    the E4M3 byte of dims 0..15 (word k holds nibbles 4k .. 4k+3, byte i = nibble 4k + i)."""
+    words = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(4, dtype=torch.int64, device=words.device) * 8
+    return ((words[:, :, None] >> shifts) & 0xFF).reshape(words.shape[0], GROUP_SIZE) \
+        .to(torch.int32)
+
+
+def lut_e4m3_asm_emulate(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """``LUT_E4M3_ASM`` replayed on the host by ``ptx_emulate`` (CPU tests of the PTX text):
+    ``codes`` uint8 ``[N, 8]`` (one group per row, SPEC 2 byte order), ``scale_bytes`` uint8
+    ``[N]``; returns int32 ``[N, 16]``, the E4M3 byte of each dim."""
+    n = codes.shape[0]
+    c = codes.contiguous().view(torch.int64).reshape(n)
+    regs = ptx_emulate(LUT_E4M3_ASM, {"$4": c, "$5": lut_table_e4m3()[scale_bytes.long()]})
+    return _unpack_bytes(torch.stack([regs[f"${i}"] for i in range(4)], dim=1))
+
+
+_E4M3_ASM_C = tl.constexpr(LUT_E4M3_ASM)
+_E4M3_CONSTRAINTS_C = tl.constexpr(LUT_E4M3_CONSTRAINTS)
+
+
+@triton.jit
+def _lut_e4m3_asm_probe_kernel(codes_ptr, sbytes_ptr, tbl_ptr, out_ptr, N: tl.constexpr):
+    """GPU test kernel: ``LUT_E4M3_ASM`` on N groups -> int32 ``[N, 4]`` E4M3x4 words."""
+    i = tl.arange(0, N)
+    codes = tl.load(codes_ptr + i)
+    row = tl.load(tbl_ptr + tl.load(sbytes_ptr + i).to(tl.int32))
+    o0, o1, o2, o3 = tl.inline_asm_elementwise(
+        _E4M3_ASM_C, _E4M3_CONSTRAINTS_C, [codes, row],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    base = out_ptr + i * 4
+    tl.store(base + 0, o0)
+    tl.store(base + 1, o1)
+    tl.store(base + 2, o2)
+    tl.store(base + 3, o3)
+
+
+def lut_e4m3_asm_dequant(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """Run ``LUT_E4M3_ASM`` on a CUDA GPU (tests): arguments and result as
+    ``lut_e4m3_asm_emulate``; N a power of two."""
+    n = codes.shape[0]
+    out = torch.empty((n, 4), dtype=torch.int32, device=codes.device)
+    _lut_e4m3_asm_probe_kernel[(1,)](codes.contiguous().view(torch.int64).reshape(n),
+                                     scale_bytes, lut_table_e4m3(codes.device), out, N=n)
+    return _unpack_bytes(out)
+
+
+def reference_e4m3_bytes(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """E4M3 bytes (int32) of the reference ``dequant_e4m3`` (SPEC 1.4) of groups given as in
+    ``exhaustive_groups``: ``[N, 16]`` (NaN results as the encoder gives them: compare NaN
+    positions only)."""
+    from ..reference.formats import decode_e4m3, e2m1_value, encode_e4m3
+    c = codes.cpu().to(torch.int64)
+    nib = torch.stack([c & 15, c >> 4], dim=-1).reshape(c.shape[0], GROUP_SIZE)
+    s = decode_e4m3(scale_bytes.cpu())[:, None]
+    return encode_e4m3(e2m1_value(nib) * s).view(torch.uint8).to(torch.int32)

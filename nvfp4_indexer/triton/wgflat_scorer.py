@@ -35,8 +35,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .layout import PAGE, SCALES_OFFSET
+from .lut import LUT_E4M3_ASM, LUT_E4M3_CONSTRAINTS
 from .mma_scorer import _lookup_only, _raw_half, flat_work, request_segment
 from .wgmma_scorer import _dequant_half, _half_operands, _load_q
+
+_E4M3_ASM = gl.constexpr(LUT_E4M3_ASM)
+_E4M3_CONSTRAINTS = gl.constexpr(LUT_E4M3_CONSTRAINTS)
+_SPLIT4_ASM = gl.constexpr("mov.b32 $0, $1;")  # E4M3x4 word -> its four bytes
+_RAW8_ASM = gl.constexpr("mov.b64 {$0, $1}, $4;\nmov.b64 {$2, $3}, $5;")
 
 CHUNK = gl.constexpr(16)  # tokens of one warp's page per A tile (its 16 rows)
 WARPS = gl.constexpr(4)  # one warpgroup: four pages per group
@@ -65,6 +71,95 @@ def _issue_chunk(ring_c, ring_s, cache64, cache8, ids_c, ids_s, page_stride16, o
     async_copy.async_copy_global_to_shared(ring_s.index(k % STAGES),
                                            cache8 + base_s + soff + c * CHUNK * 8)
     async_copy.commit_group()
+
+
+def phys_dim_e4m3(c: int) -> int:
+    """Physical dim of column c of the E4M3 A tile (``FP8``): with c = 64g' + 32w + 16h + 4j + i,
+    dim 16(2j + g') + 8w + 4h + i (group 2j + g', word w, nibble 4h + i of that word)."""
+    i, j, h, w, gp = c & 3, (c >> 2) & 3, (c >> 4) & 1, (c >> 5) & 1, (c >> 6) & 1
+    return 16 * (2 * j + gp) + 8 * w + 4 * h + i
+
+
+@gluon.jit
+def _load_q8(q_ptr, b, q_row_stride, q_head_stride, GP: gl.constexpr, Q: gl.constexpr,
+             H: gl.constexpr, N: gl.constexpr, QL: gl.constexpr):
+    """Query rows of request b as E4M3 ``[N, 64]`` (``FP8``: the K-major wgmma B operand of
+    K half ``GP``): column c holds dim ``phys_dim_e4m3(64 GP + c)`` of row n = i*H + h (rows
+    >= Q*H are zero)."""
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, QL))
+    dim = (16 * (2 * ((c >> 2) & 3) + GP) + 8 * ((c >> 5) & 1) + 4 * ((c >> 4) & 1) + (c & 3))
+    n = gl.arange(0, N, layout=gl.SliceLayout(1, QL))
+    row = (b * Q + n // H).to(gl.int64)
+    q_off = row * q_row_stride + (n % H) * q_head_stride
+    ok = gl.expand_dims(n < Q * H, 1) & gl.expand_dims(dim >= 0, 0)
+    qb = gl.load(q_ptr + gl.expand_dims(q_off, 1) + gl.expand_dims(dim, 0), mask=ok, other=0)
+    return qb.to(gl.float8e4nv, bitcast=True)
+
+
+@gluon.jit
+def _e4m3_tile(o0, o1, o2, o3, A_L: gl.constexpr, M: gl.constexpr):
+    """E4M3 A operand [M, 64] of four E4M3x4 words per (row, j) (word w, half h: ``o{2w+h}``);
+    column 32w + 16h + 4j + i holds byte i of word (w, h) of group j."""
+    x = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [m, j, h, w]
+    y = gl.join(gl.join(x, x), gl.join(x, x))  # [m, j, h, w, a, b]
+    f = gl.inline_asm_elementwise(_SPLIT4_ASM, "=r,r,r,r,r", [y], dtype=gl.float8e4nv,
+                                  is_pure=True, pack=4)  # byte 2a + b
+    f = gl.permute(f, [0, 3, 2, 1, 4, 5])  # [m, w, h, j, a, b]
+    return gl.convert_layout(gl.reshape(f, [M, 64]), A_L, assert_trivial=True)
+
+
+@gluon.jit
+def _dequant_half_e4m3(codes, row, A_L: gl.constexpr, M: gl.constexpr):
+    """E4M3 A operand [M tokens, 64] of one half page (``FP8``): the groups 2j + g' of one g'
+    (``codes`` int64 [M, 4], ``row`` their ``lut.lut_table_e4m3`` entries) through
+    ``lut.LUT_E4M3_ASM``; column c holds dim ``phys_dim_e4m3(64 g' + c)``."""
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(
+        _E4M3_ASM, _E4M3_CONSTRAINTS, [codes, row],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return _e4m3_tile(o0, o1, o2, o3, A_L, M)
+
+
+@gluon.jit
+def _raw_half_e4m3(codes, A_L: gl.constexpr, M: gl.constexpr):
+    """LAB 2 with ``FP8``: an E4M3 operand [M, 64] from register copies of the codes."""
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(
+        _RAW8_ASM, _E4M3_CONSTRAINTS, [codes, codes],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return _e4m3_tile(o0, o1, o2, o3, A_L, M)
+
+
+@gluon.jit
+def _lookup_only_e4m3(codes, sb, tbl_ptr):
+    """LAB 3 with ``FP8`` (no MMA): both halves' lookups folded by xor."""
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
+    a0, a1, a2, a3 = gl.inline_asm_elementwise(
+        _E4M3_ASM, _E4M3_CONSTRAINTS, [c_lo, r_lo],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    b0, b1, b2, b3 = gl.inline_asm_elementwise(
+        _E4M3_ASM, _E4M3_CONSTRAINTS, [c_hi, r_hi],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return ((a0 ^ a1) ^ (a2 ^ a3)) ^ ((b0 ^ b1) ^ (b2 ^ b3))
+
+
+@gluon.jit
+def _chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
+                       ASYNC: gl.constexpr, LAB: gl.constexpr):
+    """``_chunk_scores`` with E4M3 operands (``FP8``; ``q_lo`` / ``q_hi`` the K-major [64, N]
+    views): SM90 fp8 wgmma, fp32 accumulation of ~13 fraction bits (dot mode "fp8", b = 5)."""
+    if LAB == 2:
+        c_lo, c_hi = gl.split(codes)
+        acc = warpgroup_mma(_raw_half_e4m3(c_lo, A_L, WARPS * CHUNK), q_lo, zero, use_acc=False)
+        return warpgroup_mma(_raw_half_e4m3(c_hi, A_L, WARPS * CHUNK), q_hi, acc)
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
+    a_lo = _dequant_half_e4m3(c_lo, r_lo, A_L, WARPS * CHUNK)
+    if ASYNC:
+        tok = warpgroup_mma(a_lo, q_lo, zero, use_acc=False, is_async=True)
+        a_hi = _dequant_half_e4m3(c_hi, r_hi, A_L, WARPS * CHUNK)
+        tok = warpgroup_mma(a_hi, q_hi, tok, is_async=True)
+        acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[tok, a_lo, a_hi])
+        return acc
+    acc = warpgroup_mma(a_lo, q_lo, zero, use_acc=False)
+    return warpgroup_mma(_dequant_half_e4m3(c_hi, r_hi, A_L, WARPS * CHUNK), q_hi, acc)
 
 
 @gluon.jit
@@ -106,7 +201,7 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
                         N: gl.constexpr, BB: gl.constexpr, CL: gl.constexpr,
                         MMA: gl.constexpr, QL: gl.constexpr, SCL: gl.constexpr,
                         B_SL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr,
-                        LAB: gl.constexpr = 0):
+                        LAB: gl.constexpr = 0, FP8: gl.constexpr = 0):
     # the flat partition's request vector: contiguous per thread, as in the mma scorer
     VL: gl.constexpr = gl.BlockedLayout([max(1, BB // 128)], [32], [4], [0])
     NCH: gl.constexpr = PAGE // CHUNK
@@ -118,31 +213,48 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
                                        gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
     ring_s = gl.allocate_shared_memory(gl.uint8, [STAGES, WARPS * CHUNK, 8],
                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
-    q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
+    if FP8:  # E4M3 [N, 64] per K half, K-major (fp8 wgmma reads B K-major only)
+        q_lo = gl.allocate_shared_memory(gl.float8e4nv, [N, 64], B_SL)
+        q_hi = gl.allocate_shared_memory(gl.float8e4nv, [N, 64], B_SL)
+    else:
+        q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
+        q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL)
     cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
     for b in range(b0, b1):  # each request the flat range touches: its pages [start, end)
         start, end, eb = request_segment(seq_lens_ptr, b, width, s, e, eb)
         if start < end:
             gl.thread_barrier()  # every warp is done with the previous request's query
-            q_lo.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
-            q_hi.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
+            if FP8:
+                q_lo.store(_load_q8(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
+                q_hi.store(_load_q8(q_ptr, b, q_row_stride, q_head_stride, 1, Q, H, N, QL))
+            else:
+                q_lo.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
+                q_hi.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
             fence_async_shared()
             gl.thread_barrier()
-            _score_pages(cache64, cache_ptr, page_stride16, num_blocks,
-                         bt_ptr + b.to(gl.int64) * bt_stride, tbl_ptr,
-                         scores_ptr + b.to(gl.int64) * N * width, width, start, end,
-                         ring_c, ring_s, q_lo, q_hi, N, CL, MMA, SCL, STAGES, ASYNC, LAB)
+            if FP8:
+                _score_pages(cache64, cache_ptr, page_stride16, num_blocks,
+                             bt_ptr + b.to(gl.int64) * bt_stride, tbl_ptr,
+                             scores_ptr + b.to(gl.int64) * N * width, width, start, end,
+                             ring_c, ring_s, q_lo.permute((1, 0)), q_hi.permute((1, 0)), N, CL,
+                             MMA, SCL, STAGES, ASYNC, LAB, FP8)
+            else:
+                _score_pages(cache64, cache_ptr, page_stride16, num_blocks,
+                             bt_ptr + b.to(gl.int64) * bt_stride, tbl_ptr,
+                             scores_ptr + b.to(gl.int64) * N * width, width, start, end,
+                             ring_c, ring_s, q_lo, q_hi, N, CL, MMA, SCL, STAGES, ASYNC, LAB,
+                             FP8)
 
 
 @gluon.jit
 def _score_pages(cache64, cache8, page_stride16, num_blocks, bt_row, tbl_ptr, out_base, width,
                  start, end, ring_c, ring_s, q_lo, q_hi, N: gl.constexpr, CL: gl.constexpr,
                  MMA: gl.constexpr, SCL: gl.constexpr, STAGES: gl.constexpr,
-                 ASYNC: gl.constexpr, LAB: gl.constexpr):
+                 ASYNC: gl.constexpr, LAB: gl.constexpr, FP8: gl.constexpr):
     """Pages ``[start, end)`` of one request (non-empty), four per group (warp w: page g + w);
     row n's max of page j stored at ``out_base + n * width + j``."""
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA,
+                                            k_width=4 if FP8 else 2)
     NCH: gl.constexpr = PAGE // CHUNK
     ROWS: gl.constexpr = WARPS * CHUNK
     IDC: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, CL))
@@ -187,14 +299,21 @@ def _score_pages(cache64, cache8, page_stride16, num_blocks, bt_row, tbl_ptr, ou
                 _issue_chunk(ring_c, ring_s, cache64, cache8, nids_c, nids_s, page_stride16,
                              off64, soff, c + STAGES - 1, STAGES)
             if LAB == 3:  # no MMA: the lookups folded by xor
-                x = _lookup_only(codes, sb, tbl_ptr)
+                if FP8:
+                    x = _lookup_only_e4m3(codes, sb, tbl_ptr)
+                else:
+                    x = _lookup_only(codes, sb, tbl_ptr)
                 if c == 0:
                     runx = x
                 else:
                     runx = runx ^ x
             else:
-                red = _tile_max(_chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L, ASYNC,
-                                              LAB), N)
+                if FP8:
+                    red = _tile_max(_chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L,
+                                                       ASYNC, LAB), N)
+                else:
+                    red = _tile_max(_chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L,
+                                                  ASYNC, LAB), N)
                 if c == 0:
                     run = red
                 else:
