@@ -548,7 +548,11 @@ def _runner_config(allow_fp8_mma: bool, device: torch.device, backend: str):
     CUDA device with the Triton backend, else None (the defaults)."""
     if not allow_fp8_mma or device.type != "cuda" or backend != "triton":
         return None
-    return _kernels().DecodeConfig(dot="fp8")
+    kernels = _kernels()
+    from .triton.numerics import portable_default
+    if portable_default(device):  # the interpreter: exact fp32 only
+        return None
+    return kernels.DecodeConfig(dot="fp8")
 
 
 def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,

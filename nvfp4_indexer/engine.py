@@ -114,7 +114,7 @@ class IndexerConfig:
             (SPEC 8.2; ``Indexer`` builds one ``ContextParallelDecodeWrapper`` per (padded
             batch size, Q), exchanging candidates by all-gather).
         allow_fp8_mma: decode scores may be inexact (SPEC 9 b = 5): the decode wrappers'
-            ``allow_fp8_mma`` (E4M3 operands on SM90's FP8 tensor cores where faster). Not
+            ``allow_fp8_mma`` (E4M3 operands on SM90's FP8 tensor cores where faster). Ignored
             with ``context_parallel_group`` (its decoders score exactly); prefill is exact.
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
@@ -639,7 +639,7 @@ class Indexer:
         kernels = _kernels()
         sms = kernels.heuristics.num_sms(c.device)
         cfg = kernels.DecodeConfig(dot="fp8") if c.allow_fp8_mma and c.device.type == "cuda" \
-            else None
+            and not kernels.decode.portable_default(c.device) else None
         dec = max(kernels.score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms,
                                             config=cfg, device=c.device)
                   for q in range(1, c.max_decode_query_len + 1)

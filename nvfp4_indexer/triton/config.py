@@ -57,7 +57,10 @@ class DecodeConfig(_Config):
 
     Fields:
         dot: dot mode, one of ``DOT_MODES`` (default "fp16" on a GPU, "fp32" under the
-            interpreter; "bf16" and "fp8" for comparison, see ``decode.SCORE_ERROR_BITS``).
+            interpreter; "bf16" for comparison; "fp8": E4M3 operands on SM90's FP8 tensor cores
+            where ``heuristics.choose_dequant`` picks "wgflat" for them, the exact kernels
+            elsewhere (``fp8_kernel_dot``; SPEC 9 b = 5, the public ``allow_fp8_mma``); see
+            ``decode.SCORE_ERROR_BITS``).
         dequant: one of ``DECODE_DEQUANT_MODES`` (default ``heuristics.choose_dequant``):
             "mma" (one warp per program, CUDA SM89+, dot fp16) / "wgflat" (one page per
             warp of a wgmma warpgroup, SM90, dot fp16, or fp8: E4M3 operands) / "wgmma"

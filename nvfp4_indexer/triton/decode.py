@@ -239,7 +239,9 @@ class DecodeRunner:
             CUDA), so that capturing ``run`` never compiles.
     Raises:
         ValueError: bad sizes, score buffer or config (a ptx / mma / wgflat / wgmma dequant
-            mode off CUDA / under the interpreter or with a dot mode other than "fp16";
+            mode off CUDA / under the interpreter or with a dot mode other than "fp16"
+            ("wgflat" also takes "fp8"; with dot "fp8" the others run their fp16 form,
+            ``heuristics.fp8_kernel_dot``);
             "wgflat" above 32 rows; a window with window * BLOCK_M > 4096; pdl off SM90+).
             NotImplementedError: Q*H > 64.
     """
