@@ -44,11 +44,14 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
            "num_heads": h, "q_len": case.q_len, "seq_len": sl[0], "width": width,
            "max_gather_pages": mgp, **_traffic_fields(tr), "slots": slots}
     if ctx.fast_backend == "triton":
+        from nvfp4_indexer.api import _prefill_config
         from nvfp4_indexer.triton import prefill as tp
-        rec["path"] = "nvfp4_indexer.triton.prefill.prefill_indexer"
+        cfg = _prefill_config(ctx.allow_fp8_mma, dev)  # as prefill_indexer(allow_fp8_mma=)
+        rec["path"] = "nvfp4_indexer.triton.prefill.prefill_indexer" + (
+            "(config=PrefillConfig(dot='fp8'))" if cfg is not None else "")
 
         def fast(bt):
-            tp.prefill_indexer(q, cache, bt, cu, seq, mgp, out)
+            tp.prefill_indexer(q, cache, bt, cu, seq, mgp, out, config=cfg)
     else:
         rec["path"] = "prefill_indexer(backend='reference')"
 
@@ -68,8 +71,8 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
         rec["ref_skipped"] = why
     t = ctx.time_uncapturable([lambda bt=bt: fast(bt) for bt in tables])
     api = ctx.time_uncapturable([lambda bt=bt: ni.prefill_indexer(
-        q, cache, bt, cu, seq, max_gather_pages=mgp, out=out, backend=ctx.fast_backend)
-        for bt in tables], max_samples=5)
+        q, cache, bt, cu, seq, max_gather_pages=mgp, out=out, backend=ctx.fast_backend,
+        allow_fp8_mma=ctx.allow_fp8_mma) for bt in tables], max_samples=5)
     rec["api_us"] = api.us
     _indexer_times(ctx, case, rec, q, tables[0], sl, out0)
     return _finish(ctx, rec, t, tr.bytes_moved, tr.flops)
@@ -82,7 +85,7 @@ def _indexer_times(ctx: Context, case: wl.PrefillCase, rec: dict, q, block_table
     dev, cache = ctx.device, ctx.pool.cache
     cu = case.cu_seqlens_q()
     config = ni.IndexerConfig(case.num_heads, max(sl), case.new_tokens, case.num_reqs,
-                              device=dev)
+                              device=dev, allow_fp8_mma=ctx.allow_fp8_mma)
     ix = ni.Indexer(config, backend=ctx.fast_backend)
     qsl = torch.tensor(cu, dtype=torch.int32)
     seq_cpu = torch.tensor(sl, dtype=torch.int32)

@@ -169,14 +169,15 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
 
     from nvfp4_indexer.triton.decode import block_rows
     from nvfp4_indexer.triton.decode_wgmma import wgflat_layouts
-    from nvfp4_indexer.triton.heuristics import WGFLAT_ASYNC, WGFLAT_STAGES
+    from nvfp4_indexer.triton.heuristics import WGFLAT_ASYNC, WGFLAT_ASYNC_FP8, WGFLAT_STAGES
     from nvfp4_indexer.triton.wgflat_scorer import wgflat_score_kernel
     rows = block_rows(q_len, heads)
     cl, mma, ql, scl, b_sl = wgflat_layouts(rows, fp8)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
                   CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
                   STAGES=WGFLAT_STAGES if stages is None else stages,
-                  ASYNC=WGFLAT_ASYNC if async_ is None else async_, LAB=lab, FP8=int(fp8))
+                  ASYNC=(WGFLAT_ASYNC_FP8 if fp8 else WGFLAT_ASYNC) if async_ is None else async_,
+                  LAB=lab, FP8=int(fp8))
     fn = wgflat_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
     aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
@@ -187,10 +188,11 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
 
 
 def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False,
-                          conv="lut"):
+                          conv="lut", fp8=False):
     """The Gluon prefill score kernel (``triton.prefill_wgmma``) for SM90, specialized as
     ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128); ``direct``:
-    ``prefill_wgmma_direct_kernel`` (pages read from the cache; aligned cache)."""
+    ``prefill_wgmma_direct_kernel`` (pages read from the cache; aligned cache); ``fp8``: its
+    E4M3-operand form (dot "fp8")."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -199,7 +201,7 @@ def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False
                                                     prefill_wgmma_direct_kernel,
                                                     prefill_wgmma_kernel)
     fn = prefill_wgmma_direct_kernel if direct else prefill_wgmma_kernel
-    opts = dict(launch_options())
+    opts = dict(launch_options(fp8))
     num_warps = opts.pop("num_warps")
     consts = dict(H=heads, BLOCK_M=128, NUM_SPLITS=num_splits, SOL=sol,
                   NB=NUM_BUFFERS if nb is None else nb, **opts)
@@ -207,6 +209,7 @@ def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False
         consts["CONV"] = conv
     else:
         consts["WS16"] = 0
+        consts.setdefault("FP8", 0)
     sig = {n: "constexpr" if n in consts else PREFILL_TYPES[n] for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
              for n in ("q_ptr", "cache_ptr" if direct else "ws_ptr")}

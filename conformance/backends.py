@@ -10,7 +10,9 @@ are then reported as skipped. Built-ins:
   On a CPU it needs the Triton interpreter (``--interpret``).
 * ``triton-fp8`` — ``triton`` with the decode wrappers' opt-in ``allow_fp8_mma=True`` (E4M3
   operands on SM90's FP8 tensor cores where faster), judged with dot mode "fp8"'s bound
-  (b = 5); its ``decode_indexer`` runs such a wrapper (plan, then one eager run).
+  (b = 5); its ``decode_indexer`` runs such a wrapper (plan, then one eager run), its
+  ``prefill_indexer`` passes ``allow_fp8_mma=True`` (the Gluon prefill kernel's E4M3 form on
+  SM90) and its ``make_indexer`` builds an ``Indexer`` of ``IndexerConfig(allow_fp8_mma=True)``.
 
 A third-party backend is named ``module:attr`` (``--backend mypkg.mymod:make_backend``):
 ``attr`` is a :class:`Backend` instance or a callable returning one; a callable is given the
@@ -57,6 +59,8 @@ class Backend:
         make_decode_wrapper: ``(num_heads, *, block_table_buffer, seq_lens_buffer,
             use_cuda_graph) -> wrapper`` with ``plan(block_table, seq_lens, query_len, *,
             num_blocks)`` and ``run(index_q, cache, out)`` (SPEC 6).
+        make_indexer: ``(config: nvfp4_indexer.IndexerConfig) -> indexer`` with ``plan(step)``
+            and ``forward(index_q, cache, metadata, out)`` (SPEC 8.1; the ``engine`` check).
         score_error_bits: b of SPEC 9's bound e = 2^-b * max sum |q K| — an int, ``None`` for
             exact scores (selection must then equal the reference bit for bit), or a mapping
             from op name ("decode_indexer", "prefill_indexer", "page_scores") to either, with an
@@ -79,6 +83,7 @@ class Backend:
     decode_indexer: Callable | None = None
     prefill_indexer: Callable | None = None
     make_decode_wrapper: Callable | None = None
+    make_indexer: Callable | None = None
     score_error_bits: int | None | Mapping[str, int | None] = None
     exact_insert: bool = False
     capturable: bool = False
@@ -123,8 +128,13 @@ def api_backend(name: str, device: str, **overrides) -> Backend:
                                        seq_lens_buffer=seq_lens_buffer,
                                        use_cuda_graph=use_cuda_graph, backend=name)
 
-    ops = {op: bind(getattr(nv, op)) for op in OPS if op != "make_decode_wrapper"}
+    def make_indexer(config):
+        return nv.Indexer(config, backend=name)
+
+    ops = {op: bind(getattr(nv, op)) for op in OPS
+           if op not in ("make_decode_wrapper", "make_indexer")}
     ops["make_decode_wrapper"] = wrapper
+    ops["make_indexer"] = make_indexer
     ops.update(overrides)
     return Backend(name=name, device=device, **ops)
 
@@ -172,7 +182,8 @@ def triton_backend(device: str | None = None) -> Backend:
 
 
 def triton_fp8_backend(device: str | None = None) -> Backend:
-    """The Triton backend with ``allow_fp8_mma=True`` decode wrappers (see the module doc);
+    """The Triton backend with ``allow_fp8_mma=True`` decode wrappers, prefill calls and
+    indexers (see the module doc);
     score bound ``SCORE_ERROR_BITS["fp8"]`` (exact paths are inside it)."""
     import nvfp4_indexer as nv
     from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
@@ -193,8 +204,14 @@ def triton_fp8_backend(device: str | None = None) -> Backend:
                               device=index_q.device)
         return w.run(index_q, cache, out)
 
+    def make_indexer(config):
+        return nv.Indexer(dataclasses.replace(config, allow_fp8_mma=True), backend="triton")
+
     b = dataclasses.replace(b, name="triton-fp8", make_decode_wrapper=wrapper,
-                            decode_indexer=decode_indexer,
+                            decode_indexer=decode_indexer, make_indexer=make_indexer,
+                            prefill_indexer=functools.partial(nv.prefill_indexer,
+                                                              backend="triton",
+                                                              allow_fp8_mma=True),
                             score_error_bits=SCORE_ERROR_BITS["fp8"])
     b.info["score_error_bits_source"] = 'nvfp4_indexer.triton.decode.SCORE_ERROR_BITS["fp8"]'
     return b

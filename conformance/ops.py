@@ -87,7 +87,7 @@ OPS: tuple[OpRecord, ...] = (
     OpRecord("decode_wrapper", "wrapper", ("make_decode_wrapper",),
              lambda p: len(wrapper_sessions(p)) * (p.wrapper_replays + 1),
              session=wrapper_results),
-    OpRecord("engine", "engine", (), engine_steps, session=engine_results),
+    OpRecord("engine", "engine", ("make_indexer",), engine_steps, session=engine_results),
 )
 
 #: Checks in run order (each a row of the report).

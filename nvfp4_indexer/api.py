@@ -331,7 +331,8 @@ def max_gather_pages(max_model_len: int, max_num_batched_tokens: int) -> int:
 def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, *,
                     max_gather_pages: int | None = None, out: torch.Tensor | None = None,
-                    topk: int = TOPK, backend: str = "auto") -> torch.Tensor:
+                    topk: int = TOPK, backend: str = "auto",
+                    allow_fp8_mma: bool = False) -> torch.Tensor:
     """Top-k page selection for prefill requests with cached context (SPEC 5, 7).
 
     Args:
@@ -340,14 +341,21 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         ``[R]``, context + new tokens (q_len <= seq_len <= W*128).
         max_gather_pages: FP8 workspace budget in pages per chunk; default
         ``max_gather_pages(W * 128, Tp)``. out: optional int32 ``[Tp, H, topk]``.
+        allow_fp8_mma: opt in to inexact scores (SPEC 9, b = 5 instead of 15): on a CUDA SM90
+        GPU with Gluon the Triton backend scores in dot mode "fp8" (E4M3 operands on the FP8
+        tensor cores; the Gluon prefill kernel's FP8 form, ~1.25x faster on long chunks);
+        elsewhere, and on the reference backend, no effect.
     Returns:
         int32 ``[Tp, H, topk]`` logical page ids (``out`` when given).
     Raises:
         ValueError: shapes, dtypes, devices, ranges (``cu_seqlens_q`` not from 0 to Tp or with
         a request of no rows, q_len > seq_len), a ``max_gather_pages`` below one request's
-        history pages. NotImplementedError: topk != 16 on Triton.
+        history pages, ``allow_fp8_mma`` not a bool. NotImplementedError: topk != 16 on
+        Triton.
     """
     dev = _check_paged(cache, block_table, seq_lens)
+    if not isinstance(allow_fp8_mma, bool):
+        v.fail("allow_fp8_mma", "a bool", repr(allow_fp8_mma))
     v.check_index_q(index_q, device=dev)
     v.check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,),
                    shape=(block_table.shape[0] + 1,), device=dev, contiguous=True)
@@ -369,7 +377,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         if out is None:
             out = torch.empty((t, h, topk), dtype=torch.int32, device=dev)
         _kernels().prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
-                                   max_gather_pages, out)
+                                   max_gather_pages, out,
+                                   config=_prefill_config(allow_fp8_mma, dev))
         return out
     result = ref.prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
                                  max_gather_pages, topk)
@@ -553,6 +562,17 @@ def _runner_config(allow_fp8_mma: bool, device: torch.device, backend: str):
     if portable_default(device):  # the interpreter: exact fp32 only
         return None
     return kernels.DecodeConfig(dot="fp8")
+
+
+def _prefill_config(allow_fp8_mma: bool, device: torch.device):
+    """``prefill_indexer``'s Triton ``PrefillConfig``: ``dot="fp8"`` when ``allow_fp8_mma``
+    where the Gluon prefill kernel's FP8 form runs (``heuristics.prefill_wgmma_ok``: CUDA SM90
+    with Gluon, not the interpreter), else None (the defaults)."""
+    if not allow_fp8_mma:
+        return None
+    kernels = _kernels()
+    from .triton.heuristics import prefill_wgmma_ok
+    return kernels.PrefillConfig(dot="fp8") if prefill_wgmma_ok(device, "fp8", True) else None
 
 
 def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,

@@ -113,9 +113,11 @@ class IndexerConfig:
         context_parallel_group: a ``torch.distributed`` group for decode context parallelism
             (SPEC 8.2; ``Indexer`` builds one ``ContextParallelDecodeWrapper`` per (padded
             batch size, Q), exchanging candidates by all-gather).
-        allow_fp8_mma: decode scores may be inexact (SPEC 9 b = 5): the decode wrappers'
-            ``allow_fp8_mma`` (E4M3 operands on SM90's FP8 tensor cores where faster). Ignored
-            with ``context_parallel_group`` (its decoders score exactly); prefill is exact.
+        allow_fp8_mma: scores may be inexact (SPEC 9 b = 5): E4M3 operands on SM90's FP8
+            tensor cores where faster -- the decode wrappers' ``allow_fp8_mma`` (ignored with
+            ``context_parallel_group``: its decoders score exactly) and, on the Triton
+            backend of a CUDA SM90 GPU with Gluon, prefill chunks in dot mode "fp8" (the
+            Gluon prefill kernel's E4M3 form; ``prefill_indexer``'s ``allow_fp8_mma``).
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
@@ -595,8 +597,12 @@ class Indexer:
         from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
         dev = self.device
         self._num_sms = num_sms(dev)
+        from .triton.heuristics import prefill_wgmma_ok
         self._dot = resolve_dot(None, dev)
         self._tokens_n = self._dot in TOKENS_ON_N_DOTS
+        # allow_fp8_mma: Gluon chunks in the kernel's E4M3 form (SPEC 9 b = 5), the others
+        # exact, as prefill_indexer(allow_fp8_mma=True) launches them
+        self._gluon_fp8 = self.config.allow_fp8_mma and prefill_wgmma_ok(dev, "fp8", True)
         # the grid kernel's fields (the persistent kernel is not launched here)
         tun = resolve_tuning(dev)
         base = dict(FROM_SEQ_LENS=False, PORTABLE=tun.portable, TOK_BLOCK=tun.tok_block,
@@ -610,12 +616,11 @@ class Indexer:
                                               DEQUANT="triton") for p in (1, 2)}
         self._gather_tuning = tun
         self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
-        from .triton.heuristics import prefill_wgmma_ok
         self._wgmma = prefill_wgmma_ok(dev, self._dot, self._tokens_n)  # the Gluon scorer
         from .triton.heuristics import PREFILL_DIRECT, PREFILL_MERGE_SORT
         self._merge_sort = int(PREFILL_MERGE_SORT)  # templates are cached: fixed per Indexer
         # its chunks may read the cache directly (no gather) when the cache allows it
-        self._direct = self._wgmma and PREFILL_DIRECT
+        self._direct = self._wgmma and PREFILL_DIRECT and not self._gluon_fp8
         if self._direct:
             from .triton.decode_wgmma import _device_table
             self._lut = _device_table(dev)
@@ -1090,7 +1095,8 @@ class Indexer:
                 from .triton.prefill_wgmma import (launch_options, prefill_wgmma_direct_kernel,
                                                    prefill_wgmma_kernel)
                 score = CachedLaunch(prefill_wgmma_kernel, H=self.config.num_heads,
-                                     BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
+                                     BLOCK_M=block_m, NUM_SPLITS=ns,
+                                     **launch_options(self._gluon_fp8))
                 if self._direct:
                     direct = CachedLaunch(prefill_wgmma_direct_kernel,
                                           H=self.config.num_heads, BLOCK_M=block_m,

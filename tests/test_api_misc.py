@@ -174,6 +174,32 @@ def test_empty_batches():
 
 
 
+def test_prefill_allow_fp8_mma_validated_and_exact_off_cuda():
+    """``prefill_indexer(allow_fp8_mma=...)`` must be a bool (SPEC 10), checked before
+    anything is written; off CUDA (and on the reference backend) it changes nothing: no
+    Triton config, the output equals the exact reference's."""
+    from nvfp4_indexer.api import _prefill_config
+    gen = torch.Generator().manual_seed(3)
+    cache = ni.new_index_cache(24)
+    ni.write_index_k(cache, torch.randn(24 * 128, 128, generator=gen), torch.arange(24 * 128),
+                     backend="reference")
+    table = torch.randperm(24, generator=gen).view(1, 24).to(torch.int32)
+    seq = torch.tensor([24 * 128 - 7], dtype=torch.int32)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    q = ni.encode_e4m3(torch.randn(3, 2, 128, generator=gen))
+    out = torch.full((3, 2, 16), -99, dtype=torch.int32)
+    with pytest.raises(ValueError, match="allow_fp8_mma"):
+        ni.prefill_indexer(q, cache, table, cu, seq, out=out, backend="reference",
+                           allow_fp8_mma="yes")
+    assert torch.all(out == -99)
+    assert _prefill_config(True, torch.device("cpu")) is None
+    assert _prefill_config(False, torch.device("cpu")) is None
+    exact = ni.prefill_indexer(q, cache, table, cu, seq, backend="reference")
+    for backend in ("reference", "auto"):
+        got = ni.prefill_indexer(q, cache, table, cu, seq, backend=backend, allow_fp8_mma=True)
+        assert torch.equal(got, exact), backend
+
+
 def test_wrapper_allow_fp8_mma_validated_and_exact_off_cuda():
     """``allow_fp8_mma`` must be a bool (SPEC 10); off CUDA it changes nothing: the wrapper's
     runner config stays the default and its output equals the exact reference."""

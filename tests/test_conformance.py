@@ -599,3 +599,33 @@ def test_golden_integrity_accepts_compatible_spec_versions():
     empty = {"cases": [], "files": {}, "tables": {}}
     for version, failed in (("1.0", 0), ("1.1", 0), ("0.9", 1), ("2.0", 1), (None, 1)):
         assert check_integrity({**empty, "spec_version": version}, {}).failed == failed, version
+
+
+def test_engine_check_uses_backend_make_indexer():
+    """The engine check builds its indexers through ``Backend.make_indexer``: a backend of
+    another name with one runs (its configs pass through); one without is skipped; the
+    built-ins provide it, and ``triton-fp8``'s turns on ``allow_fp8_mma``."""
+    from conformance.engine_trace import engine_results
+    seen = []
+
+    def make_indexer(config):
+        seen.append(config)
+        return nv.Indexer(config, backend="reference")
+    b = dataclasses.replace(reference_backend(), name="mine", make_indexer=make_indexer)
+    res = engine_results(b, SMOKE, 5)
+    assert res and all(r.ok and not r.skipped for r in res)
+    assert seen and all(isinstance(c, nv.IndexerConfig) for c in seen)
+    bare = dataclasses.replace(reference_backend(), name="mine", make_indexer=None)
+    assert all(r.skipped and "make_indexer" in r.skipped for r in engine_results(bare, SMOKE, 5))
+    cfg = nv.IndexerConfig(4, 4096, 64, 2, device="cpu")
+    assert reference_backend().make_indexer(cfg).backend == "reference"
+    made = []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(nv, "Indexer", lambda config, backend: made.append((config, backend)))
+    try:
+        load_backend("triton-fp8", "cpu").make_indexer(cfg)
+        load_backend("triton", "cpu").make_indexer(cfg)
+    finally:
+        monkey.undo()
+    assert [(c.allow_fp8_mma, be) for c, be in made] == [(True, "triton"), (False, "triton")]
+    assert dataclasses.replace(made[0][0], allow_fp8_mma=False) == cfg

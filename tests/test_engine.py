@@ -299,8 +299,8 @@ def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
     # one chunk per kernel (but "short"): the 16-page chunk keeps the Triton rule's 2 x 8 pages
     monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", short)
     monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
-    monkeypatch.setattr(pw, "launch_options", lambda: dict(DOT="fp32", WINDOW=1, KEEP=16,
-                                                           TOKENS_N=False))
+    monkeypatch.setattr(pw, "launch_options",
+                        lambda fp8=False: dict(DOT="fp32", WINDOW=1, KEEP=16, TOKENS_N=False))
     engine._prefill_launch.cache_clear()
     try:
         ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
@@ -1134,3 +1134,48 @@ def test_allow_fp8_mma_decode_steps():
     assert res.failed == 0
     small = ix.decoder(1, 1)._runner  # 1 request: below FP8_MIN_PAGES_NARROW, exact kernels
     assert small.kernel_dot == "fp16" and small.error_bits == 15
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_allow_fp8_mma_prefill_step():
+    """``IndexerConfig(allow_fp8_mma=True)`` on SM90: prefill chunks score in dot mode "fp8"
+    (the Gluon kernel's E4M3 form for a chunk with context), rows valid tie-aware at b = 5;
+    without it the same step stays exact (dot fp16)."""
+    from conformance.judges import tie_aware_check
+    from nvfp4_indexer import reference as ref
+    from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
+    from nvfp4_indexer.triton.heuristics import prefill_wgmma_ok
+    dev = torch.device("cuda")
+    nb, new, ctx = 400, 1024, 40000
+    gen = torch.Generator(device=dev).manual_seed(6)
+    c = ni.new_index_cache(nb, device=dev)
+    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev, generator=gen),
+                     torch.randperm(nb * 128, device=dev, generator=gen))
+    seq = new + ctx
+    width = -(-seq // 128)
+    step = ni.StepMetadata(
+        torch.tensor([0, new], dtype=torch.int32, device=dev),
+        torch.tensor([0, new], dtype=torch.int32),
+        torch.tensor([seq], dtype=torch.int32, device=dev), torch.tensor([seq], dtype=torch.int32),
+        torch.randperm(nb, device=dev)[:width].view(1, width).to(torch.int32), 0)
+    q = ni.encode_e4m3(torch.randn(new, 4, 128, device=dev, generator=gen))
+    exact, mag = ref.page_scores(q, c, step.block_table, step.seq_lens, step.query_start_loc,
+                                 with_magnitude=True)
+    pos = torch.arange(seq - new, seq, device=dev)
+    local = torch.div(pos, 128, rounding_mode="floor")
+    for fp8 in (True, False):
+        ix = ni.Indexer(_config(device=dev, max_model_len=width * 128, max_num_seqs=1,
+                                max_num_batched_tokens=new, allow_fp8_mma=fp8, num_heads=4))
+        want = "fp8" if fp8 and prefill_wgmma_ok(dev, "fp8", True) else "fp16"
+        assert ix._gluon_fp8 == (want == "fp8") and ix._dot == "fp16"
+        md = ix.plan(step)
+        out = torch.full((new, 4, 16), POISON, dtype=torch.int32, device=dev)
+        ix.forward(q, c, md, out)
+        torch.cuda.synchronize()
+        bits = SCORE_ERROR_BITS[want]
+        assert tie_aware_check(out, exact, mag, local, bits).failed == 0
+        if want == "fp16":
+            assert torch.equal(out, ni.prefill_indexer(q, c, step.block_table,
+                                                       step.query_start_loc, step.seq_lens,
+                                                       backend="reference"))

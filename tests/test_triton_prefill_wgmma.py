@@ -73,10 +73,13 @@ def test_dispatch_rule():
     assert HZ.prefill_launch(512, 1023, 128, 132, window=8, wgmma=True)["win"] == 1
     cpu = torch.device("cpu")
     assert not HZ.prefill_wgmma_ok(cpu, "fp16", True)
+    assert not HZ.prefill_wgmma_ok(cpu, "fp8", True)
     if HAS_CUDA and torch.cuda.get_device_capability() == (9, 0):
         assert HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", True)
         assert not HZ.prefill_wgmma_ok(torch.device(DEV), "fp16", False)
         assert not HZ.prefill_wgmma_ok(torch.device(DEV), "bf16", True)
+        assert HZ.prefill_wgmma_ok(torch.device(DEV), "fp8", True)
+        assert not HZ.prefill_wgmma_ok(torch.device(DEV), "fp8", False)
 
 
 def test_dispatch_rule_short_splits(monkeypatch):
@@ -336,9 +339,9 @@ def _misaligned(cache: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None):
+def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None, dot=None):
     """``prefill_indexer`` outputs per ``(kernel, direct)`` of ``runs`` (poisoned, guards
-    checked), asserting which Gluon kernel each run launched."""
+    checked), asserting which Gluon kernel each run launched (``dot``: the config's)."""
     from nvfp4_indexer.triton import prefill_wgmma as PW
     t, heads = q.shape[0], q.shape[1]
     outs = {}
@@ -354,7 +357,7 @@ def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None):
             return Spy()
         big, out = poisoned_out(t, heads)
         cfg = PREFILL.PrefillConfig(kernel=kernel, num_splits=num_splits, block_m=block_m,
-                                    direct=direct)
+                                    direct=direct, dot=dot)
         for n in origs:
             setattr(PW, n, spy(n))
         try:
@@ -372,6 +375,38 @@ def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None):
             "prefill_wgmma_direct_kernel" if direct and aligned else "prefill_wgmma_kernel"}
         assert set(calls) == want, (kernel, direct, calls)
     return outs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and HZ.prefill_wgmma_ok(torch.device(DEV), "fp8", True)),
+                    reason="needs a CUDA SM90 GPU with Gluon")
+@pytest.mark.parametrize("specs,budget,num_splits", [
+    ([(1024, 32768 + 1024)], None, 2),
+    ([(2048, 34816), (512, 131072 + 512), (8, 9000)], None, 4),
+    ([(64, 20000), (16, 40000)], None, 1),
+    ([(4096, 4096), (1024, 33792), (256, 20000)], 300, None),
+])
+def test_gpu_gluon_fp8(specs, budget, num_splits):
+    """Dot "fp8" (E4M3 operands on the FP8 tensor cores): the Gluon kernel is taken and its
+    selection is valid against the exact reference within SPEC 9's b = 5, as is the Triton
+    kernel's (tokens on M; the two are not bit-twins); the observed worst error is printed."""
+    from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
+    heads = 4
+    batch, qsl = prefill_batch(specs, seed=len(specs) + 11, page_stride=9216)
+    batch.page_bytes(int(batch.block_table[0, 3]))[8192:9216] = 0x7F  # NaN scales
+    t = int(qsl[-1])
+    q = random_q(t, heads, seed=t + 3)
+    if budget is None:
+        budget = ref.max_gather_pages(batch.width * 128, t)
+    outs = _run_kernels(batch, qsl, q, budget, num_splits, 128,
+                        (("triton", False), ("wgmma", False)), dot="fp8")
+    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
+                                 with_magnitude=True)
+    local = local_pages(batch.seq_lens, qsl)
+    for key, out in outs.items():
+        differ = check_selection(out, exact, mag, local, SCORE_ERROR_BITS["fp8"])
+        print(f"{key}: {differ} long rows of {int((local >= 16).sum()) * heads} differ from "
+              "the exact selection (within b = 5)")
 
 
 @pytest.mark.gpu
@@ -546,3 +581,56 @@ def test_prefill_indexer_gluon_branch_on_cpu(monkeypatch, num_splits, block_m, g
     exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
                                  with_magnitude=True)
     check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU plumbing check (the GPU test runs the kernel)")
+@pytest.mark.parametrize("cfg_kw,gluon_fp8", [
+    ({}, True),  # the Gluon chunk in E4M3 form, the Triton chunks exact (fp16, tokens on N)
+    ({"kernel": "triton"}, False),  # the Triton kernel's fp8 (tokens on M) everywhere
+    ({"tokens_on_n": False}, False),
+])
+def test_prefill_fp8_routing_on_cpu(monkeypatch, cfg_kw, gluon_fp8):
+    """``PrefillConfig(dot="fp8")`` where the Gluon kernel runs (forced on the CPU, the twin
+    in its place, every launch run in fp32): its chunks get ``launch_options(fp8=True)``
+    (``FP8=1``), chunks off it (BLOCK_M 64) the exact ``DOT="fp16"`` with tokens on N; with
+    the Triton kernel asked for, or tokens on M, every chunk is the Triton kernel's
+    ``DOT="fp8"``. The output passes the reference judge."""
+    from nvfp4_indexer.triton import prefill_wgmma as PW
+    seen = []
+    orig = PREFILL._prefill_score_kernel
+
+    class Tri:
+        def __getitem__(self, grid):
+            def launch(*args, DOT, TOKENS_N, **kw):
+                seen.append(("triton", DOT, TOKENS_N))
+                orig[grid](*args, DOT="fp32", TOKENS_N=False, **kw)
+            return launch
+
+    class Gluon:
+        def __getitem__(self, grid):
+            def launch(*args, H, BLOCK_M, NUM_SPLITS, **kw):
+                seen.append(("gluon", kw.get("FP8", 0), kw == PW.launch_options(True)))
+                orig[grid](*args, H=H, BLOCK_M=BLOCK_M, NUM_SPLITS=NUM_SPLITS, DOT="fp32",
+                           WINDOW=1, KEEP=16, TOKENS_N=False)
+            return launch
+    monkeypatch.setattr(HZ, "prefill_wgmma_ok", lambda dev, dot, tokens_n: bool(tokens_n))
+    monkeypatch.setattr(PREFILL, "resolve_dot", lambda dot, dev: dot or "fp32")
+    monkeypatch.setattr(PREFILL, "_prefill_score_kernel", Tri())
+    monkeypatch.setattr(PW, "prefill_wgmma_kernel", Gluon())
+    batch, qsl = prefill_batch([(20, 2300), (12, 2600)], seed=71)
+    q = random_q(32, 2, seed=72)
+    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
+                                 with_magnitude=True)
+    for block_m in (128, 64):  # BLOCK_M 64: never the Gluon kernel's
+        seen.clear()
+        big, out = poisoned_out(32, 2)
+        cfg = PREFILL.PrefillConfig(dot="fp8", num_splits=1, block_m=block_m, **cfg_kw)
+        PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
+                                10**6, out, config=cfg)
+        assert_guards(big)
+        if not gluon_fp8:
+            want = ("triton", "fp8", False)
+        else:
+            want = ("gluon", 1, True) if block_m == 128 else ("triton", "fp16", True)
+        assert seen == [want], (block_m, seen)
+        check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)

@@ -89,6 +89,7 @@ VARIANTS = {
     "wgf8 pps5": {"dequant": "wgflat", "dot": "fp8", "programs_per_sm": 5},
     "wgf8 pps6 r80": {"dequant": "wgflat", "dot": "fp8", "programs_per_sm": 6, "maxnreg": 80},
     "wgf8 s8": {"dequant": "wgflat", "dot": "fp8", "_wgf_stages": 8},
+    "wgf8 a1": {"dequant": "wgflat", "dot": "fp8", "_wgf_async": 1},  # async low half
     "wgf8 lab2": {"dequant": "wgflat", "dot": "fp8", "_lab": 2},
     "wgf8 lab3": {"dequant": "wgflat", "dot": "fp8", "_lab": 3},
     # the select kernel (``decode_wgmma.select_launch``): the Gluon redux select up to a

@@ -109,10 +109,12 @@ def main(argv=None) -> int:
     from .. import workloads as wl
     from ..pool import random_index_q
     from ..prefill_suite import _prefill_inputs
-    from ..timing import mm16_matmul_ceiling
+    from ..timing import fp8_matmul_ceiling, mm16_matmul_ceiling
     ctx = kl.make_context(600)
     mm16 = mm16_matmul_ceiling(ctx.device)["tflops"]
     log(f"16-bit mm {mm16:.0f} TFLOP/s")
+    mm8 = fp8_matmul_ceiling(ctx.device)["tflops"]
+    log(f"FP8 mm {mm8:.0f} TFLOP/s")
     kl.ensure_pool(ctx, 40_000)
     cases = [(16_384, 131_072, 1), (4_096, 131_072, 4), (16_384, 32_768, 1), (4_096, 32_768, 1)]
     cases = cases[:args.cases]
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
             b[3] = ws16
             _score16_kernel[grid](*b, **{**kw, "num_stages": stages, "num_warps": warps})
 
-        def gluon(nb=pw.NUM_BUFFERS, sol=0, ns=None, f16ws=0):
+        def gluon(nb=pw.NUM_BUFFERS, sol=0, ns=None, f16ws=0, fp8=0):
             b, g = a, grid
             if f16ws:  # the fp16 copy of the workspace: no conversion in the converter
                 b = list(a)
@@ -175,7 +177,7 @@ def main(argv=None) -> int:
                 g = (grid[0], ns)
             pw.prefill_wgmma_kernel[g](*b, H=kw["H"], BLOCK_M=kw["BLOCK_M"],
                                        NUM_SPLITS=g[1], NB=nb, SOL=sol, WS16=f16ws,
-                                       **pw.launch_options())
+                                       **pw.launch_options(bool(fp8)))
 
         tbl = lut_table(ctx.device)
 
@@ -198,6 +200,10 @@ def main(argv=None) -> int:
                          ("gluon nb4", functools.partial(gluon, 4)),
                          ("gluon no-topk (SOL)", functools.partial(gluon, sol=1)),
                          ("gluon fp16 ws", functools.partial(gluon, f16ws=1)),
+                         # E4M3 operands (dot "fp8", b = 5): lists may differ (inexact)
+                         ("gluon fp8", functools.partial(gluon, fp8=1)),
+                         ("gluon fp8 nb8", functools.partial(gluon, 8, fp8=1)),
+                         ("gluon fp8 nb12", functools.partial(gluon, 12, fp8=1)),
                          ("gluon direct", direct),
                          ("gluon direct arith", functools.partial(direct, "arith"))]
         if kw["BLOCK_M"] in hz.PREFILL_WGMMA_BLOCK_M:
@@ -225,10 +231,19 @@ def main(argv=None) -> int:
                     kw["NUM_SPLITS"] > 1 or bool(torch.equal(res, res0)))
                 if "not compared" in name:  # wrote its own scratch
                     same = None
+                note = ""
+                if "fp8" in name:  # inexact: the share of rows whose lists hold the same pages
+                    def pages(c):  # low 32 bits of a packed candidate: the page id, xor-masked
+                        return (c & 0xFFFFFFFF).view(-1, kw["NUM_SPLITS"] * kw["KEEP"]) \
+                            .sort(-1).values
+                    rows, rows0 = pages(cand), pages(cand0)
+                    note = f"lists == fp16 {(rows == rows0).all(-1).float().mean():.3f}, "
+                    same = None
                 t = ctx.time_capturable([fn])
                 tf = flops / (t.us * 1e-6) / 1e12
                 kl._record("score", case.name, name, t.us, tf, "TFLOP/s", same,
-                           f"{tf / mm16:.1%} of 16-bit mm, {t.method}")
+                           f"{note}{tf / mm16:.1%} of 16-bit mm, {tf / mm8:.1%} of FP8 mm, "
+                           f"{t.method}")
             kl._attempt(ctx, f"{case.name} {name}", run)
         ws16 = None  # noqa: F841 (frees the copy)
         torch.cuda.empty_cache()

@@ -474,17 +474,18 @@ class PageScoreLaunch:
                                       LAB=MMA_LAB, num_warps=1,
                                       maxnreg=MMA_MAXNREG if maxnreg is None else maxnreg)
         elif dequant == "wgflat":
-            from .heuristics import WGFLAT_ASYNC, WGFLAT_STAGES
+            from .heuristics import WGFLAT_ASYNC, WGFLAT_ASYNC_FP8, WGFLAT_STAGES
             from .wgflat_scorer import wgflat_score_kernel
             cl, mma, ql, scl, b_sl = wgflat_layouts(rows, fp8)
             opts = {} if maxnreg is None else {"maxnreg": maxnreg}
-            # E4M3 operands: synchronous wgmma (Triton 3.6 cannot keep 8-bit register
-            # operands alive across an asynchronous wgmma's wait)
-            asy = WGFLAT_ASYNC if WGFLAT_LAB_ASYNC is None else WGFLAT_LAB_ASYNC
+            if WGFLAT_LAB_ASYNC is not None:
+                asy = WGFLAT_LAB_ASYNC
+            else:
+                asy = WGFLAT_ASYNC_FP8 if fp8 else WGFLAT_ASYNC
             self.score = CachedLaunch(wgflat_score_kernel, Q=query_len, H=num_heads, N=rows,
                                       BB=bb, CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
                                       STAGES=WGFLAT_STAGES if WGFLAT_LAB_STAGES is None
-                                      else WGFLAT_LAB_STAGES, ASYNC=0 if fp8 else asy,
+                                      else WGFLAT_LAB_STAGES, ASYNC=asy,
                                       LAB=MMA_LAB, FP8=int(fp8), num_warps=4, **opts)
         else:
             self.score = CachedLaunch(_portable_score_kernel, Q=query_len, H=num_heads, N=rows,

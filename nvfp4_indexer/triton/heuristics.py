@@ -40,6 +40,7 @@ WGFLAT_MIN_WIDTH = 64  # ... and W - 1 from this (its measured domain; shorter: 
 WGFLAT_MIN_GROUPS = 2  # its flat programs: at most one per this many groups of 4 pages
 WGFLAT_STAGES = 4  # chunk slots of its cp.async ring
 WGFLAT_ASYNC = 1  # the low K half's wgmma runs while the high half is looked up
+WGFLAT_ASYNC_FP8 = 0  # E4M3 operands (dot "fp8"): synchronous wgmma
 MMA_MAX_ROWS = 32  # BLOCK_M above this (Q * H = 64): the wgmma scorer instead
 WGMMA_MIN_PAGES = 16384  # B * (W - 1) from this at BLOCK_M 64: the wgmma scorer
 WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
@@ -327,10 +328,12 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
 
 def prefill_wgmma_ok(device, dot: str, tokens_on_n: bool) -> bool:
     """Whether prefill chunks on ``device`` may take the Gluon score kernel
-    (``prefill_wgmma``): dot "fp16" with tokens on N (its twin's semantics) on a CUDA SM90
-    GPU with Gluon (``decode_wgmma.wgmma_available``)."""
+    (``prefill_wgmma``): tokens on N on a CUDA SM90 GPU with Gluon
+    (``decode_wgmma.wgmma_available``), dot "fp16" (its twin's semantics, bit for bit) or
+    "fp8" (its E4M3 form, ``launch_options(fp8=True)``: inexact, SPEC 9 b = 5; the Triton
+    kernel's fp8 lists, tokens on M, are valid within the same bound but not its bit-twin)."""
     from .decode_wgmma import wgmma_available
-    return dot == "fp16" and bool(tokens_on_n) and wgmma_available(device)
+    return dot in ("fp16", "fp8") and bool(tokens_on_n) and wgmma_available(device)
 
 
 def prefill_direct_ok(cache) -> bool:

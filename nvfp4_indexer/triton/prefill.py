@@ -217,14 +217,20 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     num_reqs = block_table.shape[0]
     dev = index_q.device
     dot = resolve_dot(cfg.dot, dev)
-    tokens_on_n = dot in TOKENS_ON_N_DOTS if cfg.tokens_on_n is None else cfg.tokens_on_n
     # kernel None: the Gluon kernel where it runs, unless a Triton-kernel knob is given
     auto = cfg.kernel is None and cfg.window is None and cfg.num_stages is None
+    # dot "fp8" on SM90: the Gluon kernel's E4M3 form; the chunks it does not take score
+    # exactly (fp16, tokens on N), as without it (no faster fp8 path there)
+    gluon_fp8 = dot == "fp8" and (cfg.kernel == "wgmma" or auto) \
+        and cfg.tokens_on_n is not False and hz.prefill_wgmma_ok(dev, "fp8", True)
+    if gluon_fp8:
+        dot = "fp16"
+    tokens_on_n = dot in TOKENS_ON_N_DOTS if cfg.tokens_on_n is None else cfg.tokens_on_n
     wgmma = (cfg.kernel == "wgmma" or auto) and hz.prefill_wgmma_ok(dev, dot, tokens_on_n)
     if cfg.kernel == "wgmma" and not wgmma:
-        raise ValueError("kernel: 'wgmma' needs a CUDA SM90 GPU with Gluon, dot 'fp16' and "
-                         f"tokens on N, got device {dev}, dot {dot!r}, tokens_on_n "
-                         f"{tokens_on_n}")
+        raise ValueError("kernel: 'wgmma' needs a CUDA SM90 GPU with Gluon and dot 'fp8', or "
+                         f"dot 'fp16' with tokens on N, got device {dev}, dot {dot!r}, "
+                         f"tokens_on_n {tokens_on_n}")
     if t == 0 or num_reqs == 0:
         return out
     qsl = cu_seqlens_q.tolist()
@@ -233,7 +239,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     need = hz.gather_pages_needed(sl)
     chunks = plan_chunks(need, max(max_gather_pages, max(need)))
     ws_pages = max(sum(need[a:b]) for a, b in chunks)
-    direct = wgmma and (hz.PREFILL_DIRECT if cfg.direct is None else cfg.direct) \
+    direct = wgmma and not gluon_fp8 \
+        and (hz.PREFILL_DIRECT if cfg.direct is None else cfg.direct) \
         and hz.prefill_direct_ok(cache)
     workspace = None  # allocated for the first chunk that gathers
     longest = max(qsl[i + 1] - qsl[i] for i in range(num_reqs))
@@ -280,7 +287,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
             elif launch["kernel"] == "wgmma":
                 from .prefill_wgmma import launch_options, prefill_wgmma_kernel
                 prefill_wgmma_kernel[(nb, ns)](*args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns,
-                                               **launch_options())
+                                               **launch_options(gluon_fp8))
             else:
                 _prefill_score_kernel[(nb, ns)](
                     *args, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, DOT=dot, WINDOW=win, KEEP=keep,

@@ -70,12 +70,15 @@ HALF = gl.constexpr(PAGE.value // 2)  # rows per consumer; tokens per converter 
 
 
 @functools.lru_cache(maxsize=None)
-def launch_options() -> dict:
+def launch_options(fp8: bool = False) -> dict:
     """Constexpr layouts and ``num_warps`` of a launch (cached: host time per launch):
     ``dict(MMA, LD, TL, K_SL, num_warps=4)`` -- the accumulator of one consumer (64 rows, 4
     warps, instruction N = 128 tokens), the converter's byte loads (16 bytes per thread), the
     top-k lists (a 16-column accumulator layout: a row's entries on the threads that hold its
-    scores, 4 per thread), and the shared layout of a page."""
+    scores, 4 per thread), and the shared layout of a page; ``fp8``: with ``FP8=1`` (E4M3
+    operands: instruction K = 32, an E4M3 page buffer), for dot "fp8"."""
+    if fp8:
+        return dict(launch_options(False), FP8=1, **_fp8_layouts())
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                     instr_shape=[16, PAGE.value, 16])
     ld = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
@@ -83,6 +86,15 @@ def launch_options() -> dict:
                                     instr_shape=[16, TOPK.value, 16])
     k_sl = gl.NVMMASharedLayout.get_default_for([PAGE.value, HEAD.value], gl.float16)
     return dict(MMA=mma, LD=ld, TL=tl_, K_SL=k_sl, num_warps=4)
+
+
+def _fp8_layouts() -> dict:
+    """``MMA`` / ``K_SL`` of the E4M3-operand launch (FP8 wgmma: K = 32 per instruction, the
+    page's 128-byte token rows K-major in shared memory)."""
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                    instr_shape=[16, PAGE.value, 32])
+    k_sl = gl.NVMMASharedLayout.get_default_for([PAGE.value, HEAD.value], gl.float8e4nv)
+    return dict(MMA=mma, K_SL=k_sl)
 
 
 @gluon.jit
@@ -115,11 +127,24 @@ def _write_selection(keys, local, out_off, out_ptr, row_ok, slot):
 
 
 @gluon.jit
+def _staged(raw, WS16: gl.constexpr, FP8: gl.constexpr):
+    """A page half as the ring holds it: fp16 of the E4M3 bytes ``raw``; the bytes themselves
+    (``FP8``: an E4M3 ring) or (``WS16``) fp16 values already."""
+    if WS16:
+        return raw
+    elif FP8:
+        return raw.to(gl.float8e4nv, bitcast=True)
+    else:
+        return _as_f16(raw)
+
+
+@gluon.jit
 def _converter(ws_page0, start, end, k_smem, full, empty, LD: gl.constexpr,
-               NB: gl.constexpr, WS16: gl.constexpr):
+               NB: gl.constexpr, WS16: gl.constexpr, FP8: gl.constexpr):
     """Converter partition (4 warps): page ``start + kk``'s E4M3 bytes widened to fp16 into
     buffer kk % NB once both consumers released it (``empty``), then ``full`` arrived.
-    WS16 (lab): the workspace holds fp16 values already (copied, not converted)."""
+    WS16 (lab): the workspace holds fp16 values already (copied, not converted). FP8: the
+    bytes are copied as they are (an E4M3 ring)."""
     if end > start:
         if WS16:
             L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -134,10 +159,10 @@ def _converter(ws_page0, start, end, k_smem, full, empty, LD: gl.constexpr,
             hi = _load_tile(page + HALF * HEAD, tok, all_tok, L)
             mbarrier.wait(empty.index(i), ((kk // NB) & 1) ^ 1)
             buf = k_smem.index(i)
-            buf.slice(0, HALF).store(lo if WS16 else _as_f16(lo))
+            buf.slice(0, HALF).store(_staged(lo, WS16, FP8))
             nxt = ws_page0 + ws_page_offset(gl.minimum(start + kk + 1, end - 1))
             lo = _load_tile(nxt, tok, all_tok, L)
-            buf.slice(HALF, HALF).store(hi if WS16 else _as_f16(hi))
+            buf.slice(HALF, HALF).store(_staged(hi, WS16, FP8))
             fence_async_shared()
             mbarrier.arrive(full.index(i))
 
@@ -333,9 +358,10 @@ def _step(kk, dead, pending, q_op, k_smem, full, empty, start, top, local,
 def _consumer(c: gl.constexpr, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
               caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem, full,
               empty, H: gl.constexpr, NUM_SPLITS: gl.constexpr, MMA: gl.constexpr,
-              TL: gl.constexpr, SOL: gl.constexpr, NB: gl.constexpr):
+              TL: gl.constexpr, SOL: gl.constexpr, NB: gl.constexpr, FP8: gl.constexpr):
     """Consumer partition c (4 warps): rows [64 c, 64 c + 64) of the block; page MMAs with
-    the query as the register A operand, epilogues one page behind; its rows' output."""
+    the query as the register A operand (fp16, or E4M3 with ``FP8``), epilogues one page
+    behind; its rows' output."""
     blk = score_row_block()
     split = gl.program_id(1)
     rows_t = gl.arange(0, HALF, layout=gl.SliceLayout(1, TL)) + c * HALF
@@ -346,11 +372,13 @@ def _consumer(c: gl.constexpr, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_
     top = gl.full([HALF, TOPK], EMPTY, gl.int64, layout=TL) + slot
     npg = end - start
     if npg > 0:
-        QL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        QL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA,
+                                               k_width=4 if FP8 else 2)
         rows_q = gl.arange(0, HALF, layout=gl.SliceLayout(1, QL)) + c * HALF
         tq, hq, _lq, ok_q = block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr,
                                             num_blocks, blk, rows_q, H)
-        q_op = _as_f16(_load_tile(q_ptr, tq * q_tok_stride + hq * q_head_stride, ok_q, QL))
+        q_op = _staged(_load_tile(q_ptr, tq * q_tok_stride + hq * q_head_stride, ok_q, QL),
+                       0, FP8)
         b = gl.zeros([HALF, PAGE], gl.float32, MMA)
         mbarrier.wait(full.index(0), 0)
         a = warpgroup_mma(q_op, k_smem.index(0).permute((1, 0)), b, use_acc=False,
@@ -381,7 +409,8 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
              page_stride, cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, H: gl.constexpr,
              BLOCK_M: gl.constexpr, NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
              TL: gl.constexpr, K_SL: gl.constexpr, NB: gl.constexpr, SOL: gl.constexpr,
-             DIRECT: gl.constexpr, CONV: gl.constexpr, WS16: gl.constexpr):
+             DIRECT: gl.constexpr, CONV: gl.constexpr, WS16: gl.constexpr,
+             FP8: gl.constexpr):
     """One program of either kernel: pages from the FP8 workspace (DIRECT 0) or straight from
     the paged NVFP4 cache through the block table (DIRECT 1)."""
     blk = score_row_block()
@@ -392,7 +421,8 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
     n = scored_pages(gl.max(gl.where(row_ok, local, 0), 0))
     start, end = split_range(n, split, NUM_SPLITS)
     r = gl.load(blk_ptr + blk)
-    k_smem = gl.allocate_shared_memory(gl.float16, [NB, PAGE, HEAD], K_SL)
+    k_smem = gl.allocate_shared_memory(gl.float8e4nv if FP8 else gl.float16, [NB, PAGE, HEAD],
+                                       K_SL)
     full = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NB):
@@ -406,10 +436,10 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
         gl.warp_specialize([
             (_consumer, (0, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
                          caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
-                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB, FP8)),
             (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
                          caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
-                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB, FP8)),
             (_converter_direct, (cache_ptr, page_stride, cache_blocks, bt_row, tbl_ptr, start,
                                  end, k_smem, full, empty, NB, CONV))],
             [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
@@ -418,11 +448,11 @@ def _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, q
         gl.warp_specialize([
             (_consumer, (0, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
                          caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
-                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB, FP8)),
             (_consumer, (1, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_lens_ptr,
                          caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, start, end, k_smem,
-                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB)),
-            (_converter, (ws_page0, start, end, k_smem, full, empty, LD, NB, WS16))],
+                         full, empty, H, NUM_SPLITS, MMA, TL, SOL, NB, FP8)),
+            (_converter, (ws_page0, start, end, k_smem, full, empty, LD, NB, WS16, FP8))],
             [4, 4], [CONSUMER_REGS, CONVERTER_REGS])
 
 
@@ -435,7 +465,7 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
                          NUM_SPLITS: gl.constexpr, MMA: gl.constexpr, LD: gl.constexpr,
                          TL: gl.constexpr, K_SL: gl.constexpr,
                          NB: gl.constexpr = NUM_BUFFERS, SOL: gl.constexpr = 0,
-                         WS16: gl.constexpr = 0):
+                         WS16: gl.constexpr = 0, FP8: gl.constexpr = 0):
     """Prefill score program ``(x, split)`` of grid ``(num_blocks, NUM_SPLITS)``: row block
     ``num_blocks - 1 - x`` (``scan.score_row_block``; SPEC 4, 5, 7), BLOCK_M 128, launched
     with ``launch_options()`` (4 warps; the partitions add 8).
@@ -447,16 +477,19 @@ def prefill_wgmma_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr,
     lens; ``blk_ptr`` int32 ``[2, num_blocks]`` (request, first row); ``cand_ptr`` int64
     candidates ``[num_blocks * BLOCK_M, NUM_SPLITS, 16]`` (NUM_SPLITS > 1), ``out_ptr`` int32
     ``[Tp, H, 16]`` (NUM_SPLITS == 1); ``win_ptr`` is not read (no window). The caller
-    guarantees KEEP == 16 (more than 8 pages per split), dot fp16 with tokens on N, and a
-    CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs: ``NB`` (ring buffers, >= 2),
+    guarantees KEEP == 16 (more than 8 pages per split), dot fp16 (or, with ``FP8`` and
+    ``launch_options(fp8=True)``, dot "fp8": E4M3 operands on the FP8 tensor cores, SPEC 9
+    b = 5) with tokens on N, and a CUDA SM90 device (``heuristics.prefill_launch``). Lab knobs:
+    ``NB`` (ring buffers, >= 2),
     ``SOL`` (1: no top-k inserts, wrong lists) and ``WS16`` (1: ``ws_ptr`` is an fp16 copy of
     the workspace, moved to shared memory without conversion: the converter's ALU cost)."""
     gl.static_assert(BLOCK_M == 2 * HALF, "the Gluon prefill kernel takes BLOCK_M 128")
     # one buffer deadlocks: page k - 1's buffer is released only after page k's full wait
     gl.static_assert(NB >= 2, "the Gluon prefill kernel needs NB >= 2 ring buffers")
+    gl.static_assert((WS16 == 0) or (FP8 == 0), "WS16 is a lab knob of the fp16 kernel")
     _program(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, None, 0, 0, None,
-             0, None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "", WS16)
+             0, None, H, BLOCK_M, NUM_SPLITS, MMA, LD, TL, K_SL, NB, SOL, 0, "", WS16, FP8)
 
 
 @gluon.jit(do_not_specialize=["q_tok_stride", "q_head_stride", "req_base", "num_blocks",
@@ -489,4 +522,4 @@ def prefill_wgmma_direct_kernel(q_ptr, q_tok_stride, q_head_stride, cache_ptr, p
     _program(q_ptr, q_tok_stride, q_head_stride, None, None, req_base, qsl_ptr,
              seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, out_ptr, cache_ptr,
              page_stride, cache_blocks, bt_ptr, bt_row_stride, tbl_ptr, H, BLOCK_M, NUM_SPLITS,
-             MMA, LD, TL, K_SL, NB, SOL, 1, CONV, 0)
+             MMA, LD, TL, K_SL, NB, SOL, 1, CONV, 0, 0)

@@ -156,8 +156,9 @@ def _chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
         tok = warpgroup_mma(a_lo, q_lo, zero, use_acc=False, is_async=True)
         a_hi = _dequant_half_e4m3(c_hi, r_hi, A_L, WARPS * CHUNK)
         tok = warpgroup_mma(a_hi, q_hi, tok, is_async=True)
-        acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[tok, a_lo, a_hi])
-        return acc
+        # only the token: Triton 3.6 cannot lower 8-bit deps; ptxas keeps the A registers
+        # intact until the wait (it serializes the wgmma otherwise)
+        return warpgroup_mma_wait(num_outstanding=0, deps=[tok])
     acc = warpgroup_mma(a_lo, q_lo, zero, use_acc=False)
     return warpgroup_mma(_dequant_half_e4m3(c_hi, r_hi, A_L, WARPS * CHUNK), q_hi, acc)
 
