@@ -29,7 +29,9 @@ scored by the Gluon twin ``prefill_wgmma.prefill_wgmma_kernel`` instead (same ar
 results; warp-specialized: a converter partition widens the pages into a shared-memory ring
 while two consumer partitions overlap their page MMAs with the epilogues, and it inserts each
 page's candidates directly, without the window scratch; ``heuristics.prefill_launch``'s
-``kernel`` and split rule, ``PrefillConfig.kernel``).
+``kernel`` and split rule, ``PrefillConfig.kernel``). With dot "fp8" there (opt-in:
+``prefill_indexer(allow_fp8_mma=True)``) those chunks run its E4M3 form (``FP8``: FP8 wgmma,
+SPEC 9 b = 5) and the other chunks score exactly (fp16), as without it.
 
 Both kernels read request r's seq len as ``max(min(seq_lens[r], caps[r]), 0)``
 (``scan.block_rows_info``): ``caps`` are the seq lens the host planned with (the engine's

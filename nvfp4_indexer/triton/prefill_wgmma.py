@@ -34,6 +34,13 @@ Registers: the consumers 200 each, the converter 104 (launched with 4 warps, 12 
 ``launch_options``); no spills in the page loops (a few in the one-split final selection;
 ``python -m benchmarks.sass_stats --prefill-wgmma``).
 
+``FP8`` (with ``launch_options(fp8=True)``; dot "fp8", the opt-in ``allow_fp8_mma``): the ring
+holds the workspace's E4M3 bytes (16 KB per buffer; the converter copies, it does not widen),
+the consumers' query is an E4M3 register A operand and each page one m64n128k32 FP8 wgmma:
+inexact (SPEC 9 b = 5), 1.2-1.3x faster on long chunks (docs/benchmarks.md, issue 15,
+thirteenth step). Its wait deps are the accumulator tokens only (Triton 3.6 cannot lower
+8-bit deps; ptxas keeps an in-flight wgmma's register operands intact).
+
 ``prefill_wgmma_direct_kernel`` (opt-in: ``PrefillConfig(direct=True)``, off by default,
 ``heuristics.PREFILL_DIRECT``) is the same program with another converter
 (``_converter_direct``): it reads each page's NVFP4 codes and scales straight from the paged
