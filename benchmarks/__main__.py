@@ -63,9 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=WARMUP, help="warm-up graph replays")
     p.add_argument("--seed", type=int, default=0, help="seed of keys, queries and page layout")
     p.add_argument("--allow-fp8-mma", action="store_true",
-                   help="decode suites: DecodeIndexerWrapper(allow_fp8_mma=True); prefill: "
-                        "prefill_indexer / IndexerConfig(allow_fp8_mma=True): E4M3 operands "
-                        "on SM90's FP8 tensor cores where faster (inexact: SPEC 9 b = 5)")
+                   help="decode suites: DecodeIndexerWrapper(allow_fp8_mma=True); prefill and "
+                        "engine suites: prefill_indexer / IndexerConfig(allow_fp8_mma=True): "
+                        "E4M3 operands on SM90's FP8 tensor cores where faster (inexact: "
+                        "SPEC 9 b = 5)")
     p.add_argument("--no-console", action="store_true", help="do not print the final tables")
     p.add_argument("--no-plot", action="store_true",
                    help="do not draw roofline.png (the only use of matplotlib)")

@@ -117,7 +117,7 @@ def engine_case(ctx, case: EngineCase) -> dict:
     config = ni.IndexerConfig(h, max_len, max(rows, 1), max(b + len(new), 1),
                               max_decode_query_len=max(q, 1),
                               cudagraph_batch_sizes=GRAPH_SIZES if not ctx.smoke else (1, 2),
-                              device=dev)
+                              device=dev, allow_fp8_mma=ctx.allow_fp8_mma)
     ix = ni.Indexer(config, backend=ctx.fast_backend)
     tr = _traffic(case)
     width = config.max_pages

@@ -387,13 +387,15 @@ def test_gpu_run_without_gpu_says_so(capsys, tmp_path):
     assert not (tmp_path / "bench.json").exists()
 
 
-def test_cpu_smoke_triton_interpreter(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--allow-fp8-mma"]])
+def test_cpu_smoke_triton_interpreter(tmp_path, extra):
     """The same pipeline with the timed paths on the Triton kernels (TRITON_INTERPRET=1):
     the suites' calls into ``nvfp4_indexer.triton`` and the wrapper's shared score buffer
     match the kernels' signatures, and the kernels agree with the reference on these inputs
-    (gather bit for bit, SPEC 9; decode / prefill / insert up to SPEC 9 / SPEC 3 ties)."""
+    (gather bit for bit, SPEC 9; decode / prefill / insert up to SPEC 9 / SPEC 3 ties);
+    ``--allow-fp8-mma`` reaches every suite's calls and changes nothing off CUDA."""
     r = subprocess.run([sys.executable, "-m", "benchmarks", "--cpu-smoke", "--smoke-backend",
-                        "triton", "--no-console", "--out", str(tmp_path)], cwd=REPO,
+                        "triton", "--no-console", "--out", str(tmp_path)] + extra, cwd=REPO,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads((tmp_path / "bench.json").read_text())
