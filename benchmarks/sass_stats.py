@@ -206,6 +206,8 @@ def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False
     consts = dict(H=heads, BLOCK_M=128, NUM_SPLITS=num_splits, SOL=sol,
                   NB=NUM_BUFFERS if nb is None else nb, **opts)
     if direct:
+        if fp8:
+            raise ValueError("compile_prefill_wgmma: the direct kernel has no FP8 form")
         consts["CONV"] = conv
     else:
         consts["WS16"] = 0
@@ -447,8 +449,21 @@ def sass_text(kernel) -> str:
                               text=True, check=True).stdout
 
 
+def wgmma_serialized(kernel) -> bool:
+    """Whether ptxas serializes the kernel's ``wgmma.mma_async`` (its C7514 warning, e.g. for
+    a non-wgmma instruction reading an in-flight accumulator): ``ptxas -v`` of its PTX."""
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        arch = re.search(r"\.target\s+(sm_\w+)", kernel.asm["ptx"]).group(1)
+        r = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", ptx, "-o",
+                            os.path.join(d, "k.cubin")], capture_output=True, text=True)
+        return "C7514" in r.stderr
+
+
 def sass_stats(kernel) -> dict:
-    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs), ...]`` and the
+    """Registers, local bytes, loop bodies ``[(instructions, HGMMAs / QGMMAs), ...]`` and the
     LDL/STL in each (``loop_spills``), F2FP count and
     local-memory (spill) instructions of a compiled kernel's SASS (``spill_ops``; those inside
     loops that hold HGMMA: ``mma_loop_spill_ops``). ``local_bytes`` is the resource usage's
@@ -473,7 +488,7 @@ def sass_stats(kernel) -> dict:
         if m and labels.get(m.group(1), i) < i:
             body = range(labels[m.group(1)], i + 1)
             loops.append((sum(is_ins[k] for k in body),
-                          sum("HGMMA" in lines[k] for k in body)))
+                          sum(bool(re.search(r"\b[HQ]GMMA", lines[k])) for k in body)))
             loop_spills.append(sum(spill[k] for k in body))
             if loops[-1][1]:
                 mma_loop_spills += sum(spill[k] for k in body)

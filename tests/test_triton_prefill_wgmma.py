@@ -201,17 +201,21 @@ def test_workspace_page_offsets_are_int64():
 _COMPILE = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
-from benchmarks.sass_stats import compile_prefill_wgmma, sass_stats
-for ns, direct, conv in ((1, 0, ""), (4, 0, ""), (4, 1, "lut"), (4, 1, "arith")):
+from benchmarks.sass_stats import compile_prefill_wgmma, sass_stats, wgmma_serialized
+for ns, direct, conv, fp8 in ((1, 0, "", 0), (4, 0, "", 0), (4, 1, "lut", 0),
+                              (4, 1, "arith", 0), (4, 0, "", 1)):
     # the launchers' specialization
-    k = compile_prefill_wgmma(num_splits=ns, direct=bool(direct), conv=conv or "lut")
+    k = compile_prefill_wgmma(num_splits=ns, direct=bool(direct), conv=conv or "lut",
+                              fp8=bool(fp8))
     st = sass_stats(k)
-    inner = sorted((n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16)
+    steps = 8 if fp8 else 16  # two pages' k-steps (K = 32 / 16 per instruction)
+    inner = sorted((n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == steps)
     ptx = k.asm["ptx"]
     print(ns, st["registers"], k.metadata.num_warps, len(inner), sum(sp for _, sp in inner[:2]),
           st["spill_ops"], ptx.count("setmaxnreg.dec.sync.aligned.u32 \t104"),
           ptx.count("setmaxnreg.dec.sync.aligned.u32 \t200"), k.metadata.shared,
           sum(sp for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 0 and n > 100),
+          int(wgmma_serialized(k)), fp8,
           ",".join(str(n) for n, hg in st["loops"] if hg == 0 and n > 100))
 '''
 
@@ -219,21 +223,23 @@ for ns, direct, conv in ((1, 0, ""), (4, 0, ""), (4, 1, "lut"), (4, 1, "arith"))
 def test_compiles_offline_for_sm90():
     """sm_90a, no GPU, as the launchers specialize it: 12 warps at 168 registers, re-balanced
     to 200 per consumer thread and 104 per converter thread; each consumer's page loop holds
-    two pages' MMAs (2 x 8 wgmma k-steps) and no spill instruction (a few outside the loops
-    with one split: the final selection); six fp16 page buffers in shared memory. The same
+    two pages' MMAs (2 x 8 wgmma k-steps; 2 x 4 in the E4M3 form) and no spill instruction (a
+    few outside the loops with one split: the final selection); six fp16 (E4M3) page buffers
+    in shared memory; ptxas keeps the wgmma asynchronous (no C7514 serialization). The same
     for the direct kernel with either converter, whose page loop holds no spill either."""
     assert HZ.PREFILL_WGMMA_BLOCK_M == (128,)
     lines = _offline(_COMPILE)
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     conv_loops = []
     for ln in lines:
         *nums, conv_loop = ln.split()
-        ns, regs, warps, loops, loop_spills, spills, conv, cons, shared, conv_spills = map(
-            int, nums)
+        ns, regs, warps, loops, loop_spills, spills, conv, cons, shared, conv_spills, \
+            serialized, fp8 = map(int, nums)
         assert regs == 168 and warps == 12 and loops >= 2 and loop_spills == 0, ln
         assert conv_spills == 0 and conv_loop.isdigit(), ln  # exactly one converter loop
         assert conv >= 1 and cons >= 1 and spills <= 8, ln
-        assert shared >= 6 * 128 * 128 * 2, ln
+        assert shared >= 6 * 128 * 128 * (1 if fp8 else 2), ln
+        assert serialized == 0, ln
         conv_loops.append(int(conv_loop))
     # the direct converters (lookup, arithmetic) do more per page than the workspace's
     assert conv_loops[0] < conv_loops[2] < conv_loops[3], conv_loops

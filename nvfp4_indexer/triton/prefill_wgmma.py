@@ -395,12 +395,16 @@ def _consumer(c: gl.constexpr, q_ptr, q_tok_stride, q_head_stride, qsl_ptr, seq_
                               SOL, NB)
             a, b, top = _step(kk + 1, a, b, q_op, k_smem, full, empty, start, top, local, TL,
                               SOL, NB)
+        # the last page's epilogue reads the accumulator its wait returns: copying an
+        # in-flight accumulator (``a = last``) made ptxas serialize every wgmma (C7514)
         if npg % 2 == 0:  # page end - 1 is left
             last, _d, top = _step(npg - 1, b, a, q_op, k_smem, full, empty, start, top, local,
                                   TL, SOL, NB)
-            a = last
-        top = _epilogue(warpgroup_mma_wait(num_outstanding=0, deps=(a,)), end - 1, top, local,
-                        TL, SOL)
+            top = _epilogue(warpgroup_mma_wait(num_outstanding=0, deps=(last,)), end - 1, top,
+                            local, TL, SOL)
+        else:
+            top = _epilogue(warpgroup_mma_wait(num_outstanding=0, deps=(a,)), end - 1, top,
+                            local, TL, SOL)
     top = gl.where(top < EMPTY + TOPK, EMPTY, top)
     if NUM_SPLITS == 1:
         _write_selection(top, local, out_offsets(token, h, H), out_ptr, row_ok, slot)
