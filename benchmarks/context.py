@@ -48,7 +48,7 @@ class Context:
     pool: PagePool | None = None
     flush: L2Flush | None = None
     seed: int = 0
-    allow_fp8_mma: bool = False  # decode / prefill suites: the opt-in FP8 MMA (SPEC 9 b = 5)
+    allow_fp8_mma: bool = False  # decode / prefill / engine suites: opt-in FP8 MMA (SPEC 9 b = 5)
     log: Callable[[str], None] = print
     on_case: Callable[[str, list], None] = lambda suite, recs: None
     cuda_broken: bool = False

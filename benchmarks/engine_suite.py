@@ -133,7 +133,8 @@ def engine_case(ctx, case: EngineCase) -> dict:
     rec = {"batch": b, "query_len": q, "nominal": case.nominal, "num_heads": h,
            "prefills": [list(p) for p in case.prefills], "rows": rows, "width": width,
            **_traffic_fields(tr), "memory_bytes": ix.memory_bytes(),
-           "path": f"Indexer(backend={ctx.fast_backend!r}).plan/forward"}
+           "path": f"Indexer(backend={ctx.fast_backend!r}"
+                   + (", allow_fp8_mma=True" if ctx.allow_fp8_mma else "") + ").plan/forward"}
     md = ix.plan(step)  # first use of (b, q): builds (and on a GPU compiles) the wrapper
     rec["prefill_chunks"] = len(md.prefill_chunks)
     ix.forward(index_q, cache, md, out)

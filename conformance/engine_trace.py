@@ -58,9 +58,6 @@ class _Req:
 def _make_indexer(backend: Backend, config):
     if backend.make_indexer is not None:
         return backend.make_indexer(config)
-    if backend.name in ("reference", "triton"):  # a hand-built Backend of a built-in name
-        import nvfp4_indexer as ni
-        return ni.Indexer(config, backend=backend.name)
     raise Skip(f"backend {backend.name!r} provides no make_indexer")
 
 

@@ -117,7 +117,8 @@ class IndexerConfig:
             tensor cores where faster -- the decode wrappers' ``allow_fp8_mma`` (ignored with
             ``context_parallel_group``: its decoders score exactly) and, on the Triton
             backend of a CUDA SM90 GPU with Gluon, prefill chunks in dot mode "fp8" (the
-            Gluon prefill kernel's E4M3 form; ``prefill_indexer``'s ``allow_fp8_mma``).
+            Gluon prefill kernel's E4M3 form; ``prefill_indexer``'s ``allow_fp8_mma``; also
+            with ``context_parallel_group``, which concerns decode only).
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:

@@ -1175,7 +1175,46 @@ def test_allow_fp8_mma_prefill_step():
         torch.cuda.synchronize()
         bits = SCORE_ERROR_BITS[want]
         assert tie_aware_check(out, exact, mag, local, bits).failed == 0
+        # the same launches as the stateless call with the same opt-in (same FP8 kernel form)
+        assert torch.equal(out, ni.prefill_indexer(q, c, step.block_table, step.query_start_loc,
+                                                   step.seq_lens, allow_fp8_mma=fp8))
         if want == "fp16":
             assert torch.equal(out, ni.prefill_indexer(q, c, step.block_table,
                                                        step.query_start_loc, step.seq_lens,
                                                        backend="reference"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check (the GPU test runs it)")
+@pytest.mark.parametrize("fp8", [False, True])
+def test_engine_fp8_prefill_routing_on_cpu(monkeypatch, fp8):
+    """``IndexerConfig(allow_fp8_mma=True)`` with the Gluon branch forced (CPU): the Gluon
+    chunks' planned launches take ``launch_options(fp8=True)``, the Triton chunks the exact
+    dot mode, and no chunk reads the cache directly; without it, the fp16 form and direct
+    reads as configured (``PREFILL_DIRECT`` on). (Plans only: nothing is launched.)"""
+    from nvfp4_indexer import engine
+    from nvfp4_indexer.triton import heuristics as hz
+    from nvfp4_indexer.triton import prefill as tp
+    from nvfp4_indexer.triton import prefill_wgmma as pw
+    monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
+    monkeypatch.setattr(hz, "PREFILL_DIRECT", True)
+    monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
+    monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))
+    monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", False)
+    monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
+    monkeypatch.setattr(pw, "prefill_wgmma_direct_kernel", tp._prefill_direct_score_kernel)
+    monkeypatch.setattr(pw, "launch_options", lambda fp8=False: dict(
+        DOT="fp32", WINDOW=1, KEEP=16, TOKENS_N=False, **({"SEEN_FP8": 1} if fp8 else {})))
+    engine._prefill_launch.cache_clear()
+    try:
+        ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8, allow_fp8_mma=fp8),
+                        backend="triton")
+        assert ix._gluon_fp8 == fp8 and ix._direct == (not fp8)
+        md = ix.plan(_step(*CLAMP, seed=25))
+        seen = [("SEEN_FP8" in ch.launch["score"].kwargs,
+                 "num_stages" not in ch.launch["score"].kwargs,  # the Gluon template
+                 ch.launch["score"].kwargs.get("DOT")) for ch in md.prefill_chunks]
+        assert any(g for _, g, _ in seen), seen
+        assert all(f == (fp8 and g) for f, g, _ in seen), seen
+        assert all(d == ix._dot for _, g, d in seen if not g), seen
+    finally:
+        engine._prefill_launch.cache_clear()

@@ -358,8 +358,10 @@ def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None, d
         def spy(name):
             class Spy:
                 def __getitem__(self, grid):
-                    calls.append(name)
-                    return origs[name][grid]
+                    def launch(*a, **kw):
+                        calls.append((name, kw.get("FP8", 0)))
+                        return origs[name][grid](*a, **kw)
+                    return launch
             return Spy()
         big, out = poisoned_out(t, heads)
         cfg = PREFILL.PrefillConfig(kernel=kernel, num_splits=num_splits, block_m=block_m,
@@ -378,7 +380,8 @@ def _run_kernels(batch, qsl, q, budget, num_splits, block_m, runs, cache=None, d
         outs[kernel, direct] = out.clone()
         aligned = HZ.prefill_direct_ok(batch.cache if cache is None else cache)
         want = set() if kernel == "triton" else {
-            "prefill_wgmma_direct_kernel" if direct and aligned else "prefill_wgmma_kernel"}
+            ("prefill_wgmma_direct_kernel" if direct and aligned else "prefill_wgmma_kernel",
+             int(dot == "fp8"))}  # dot "fp8": the kernel's E4M3 form
         assert set(calls) == want, (kernel, direct, calls)
     return outs
 

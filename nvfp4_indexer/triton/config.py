@@ -186,7 +186,11 @@ class PrefillConfig(_Config):
 
     Fields:
         dot: dot mode, one of ``DOT_MODES`` (default fp16 on a GPU, fp32 under the
-            interpreter).
+            interpreter). "fp8" (inexact, SPEC 9 b = 5) where the Gluon kernel may run
+            (``kernel`` None or "wgmma", ``tokens_on_n`` not False, CUDA SM90): chunks on the
+            Gluon kernel run its E4M3 form, the others score exactly (fp16, tokens on N);
+            otherwise (``kernel="triton"``, ``window`` / ``num_stages`` given, tokens on M,
+            other GPUs) every chunk runs the Triton kernel's fp8.
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
             ``heuristics.prefill_num_splits``).
         window: top-k window, one of 1, 2, ..., 64 with window * BLOCK_M <= 4096 (checked at
@@ -200,7 +204,7 @@ class PrefillConfig(_Config):
             ``TOKENS_ON_N_DOTS``).
         gather: the workspace gather's ``GatherConfig``.
         kernel: score kernel, "triton" (``prefill._prefill_score_kernel``) or "wgmma" (the
-            Gluon ``prefill_wgmma``, CUDA SM90 with dot fp16 and tokens on N; chunks it does
+            Gluon ``prefill_wgmma``, CUDA SM90 with dot fp16 or fp8 and tokens on N; chunks it does
             not take -- at most 8 pages per split, BLOCK_M other than 128 -- run the Triton
             kernel; it takes no window, num_warps or num_stages); default: "wgmma" where it
             can run (``heuristics.prefill_wgmma_ok``) unless ``window`` or ``num_stages`` is
@@ -209,7 +213,8 @@ class PrefillConfig(_Config):
             (``prefill_wgmma_direct_kernel``: no gather, no workspace; the same operands, so
             the same selections) when the cache's base and page stride are 16-byte aligned;
             False: gather into the workspace first; default ``heuristics.PREFILL_DIRECT``
-            (False: slower on the H200).
+            (False: slower on the H200). Ignored with dot "fp8" (the direct converter widens
+            to fp16): those chunks gather.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """

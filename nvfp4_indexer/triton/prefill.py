@@ -230,8 +230,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     tokens_on_n = dot in TOKENS_ON_N_DOTS if cfg.tokens_on_n is None else cfg.tokens_on_n
     wgmma = (cfg.kernel == "wgmma" or auto) and hz.prefill_wgmma_ok(dev, dot, tokens_on_n)
     if cfg.kernel == "wgmma" and not wgmma:
-        raise ValueError("kernel: 'wgmma' needs a CUDA SM90 GPU with Gluon and dot 'fp8', or "
-                         f"dot 'fp16' with tokens on N, got device {dev}, dot {dot!r}, "
+        raise ValueError("kernel: 'wgmma' needs a CUDA SM90 GPU with Gluon, dot 'fp16' or "
+                         f"'fp8', and tokens on N, got device {dev}, dot {dot!r}, "
                          f"tokens_on_n {tokens_on_n}")
     if t == 0 or num_reqs == 0:
         return out
