@@ -224,11 +224,13 @@ def prefill_wgmma_report() -> list[str]:
     ``setmaxnreg``), spills and the consumers' page loop (two pages per iteration) of the Gluon
     prefill score kernel, per variant."""
     lines = []
-    for ns, nb, sol, direct in ((4, None, 0, False), (1, None, 0, False), (4, 3, 0, False),
-                                (4, None, 1, False), (4, None, 0, True)):
-        k = compile_prefill_wgmma(num_splits=ns, nb=nb, sol=sol, direct=direct)
+    for ns, nb, sol, direct, fp8 in ((4, None, 0, False, False), (1, None, 0, False, False),
+                                     (4, 3, 0, False, False), (4, None, 1, False, False),
+                                     (4, None, 0, True, False), (4, None, 0, False, True)):
+        k = compile_prefill_wgmma(num_splits=ns, nb=nb, sol=sol, direct=direct, fp8=fp8)
         st = sass_stats(k)
-        inner = [(n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == 16]
+        steps = 8 if fp8 else 16  # two pages' wgmma k-steps (K = 32 / 16 per instruction)
+        inner = [(n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == steps]
         inner = sorted(inner)[:2]  # the two consumers' page loops (the workers' loop holds one)
         page = [n for n, _ in inner]
         conv = [n for n, hg in st["loops"] if hg == 0 and n > 100]  # the converter's page loop
@@ -236,7 +238,9 @@ def prefill_wgmma_report() -> list[str]:
         regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
                                                    ptx)})
         lines.append(f"prefill_wgmma NUM_SPLITS {ns} NB {nb or 'default'}"
-                     f"{' SOL (no top-k)' if sol else ''}{' direct' if direct else ''}: "
+                     f"{' SOL (no top-k)' if sol else ''}{' direct' if direct else ''}"
+                     f"{' FP8' if fp8 else ''}: "
+                     f"{'wgmma SERIALIZED (C7514), ' if wgmma_serialized(k) else ''}"
                      f"{st['registers']} registers at launch "
                      f"(setmaxnreg {regs}), {st['spill_ops']} LDL/STL "
                      f"({sum(sp for _, sp in inner)} in the page loops), consumer page loop "
