@@ -558,7 +558,7 @@ def _runner_config(allow_fp8_mma: bool, device: torch.device, backend: str):
     if not allow_fp8_mma or device.type != "cuda" or backend != "triton":
         return None
     kernels = _kernels()
-    from .triton.numerics import portable_default
+    from .triton.device import portable_default
     if portable_default(device):  # the interpreter: exact fp32 only
         return None
     return kernels.DecodeConfig(dot="fp8")
@@ -594,7 +594,7 @@ def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,
         return
     hz = kernels.heuristics
     sizes = [kernels.score_buffer_size(num_reqs, width, num_heads, q,
-                                       num_sms=hz.num_sms(device), config=config,
+                                       num_sms=kernels.device.num_sms(device), config=config,
                                        device=device)
              for q in range(1, 9) if q * num_heads <= hz.MAX_ROWS]
     if sizes and buf.numel() < min(sizes):

@@ -594,7 +594,8 @@ class Indexer:
         the merge's selection (``heuristics.PREFILL_MERGE_SORT``, read here too)."""
         from .triton.dot_modes import resolve_dot
         from .triton.gather import _gather_kernel, resolve_tuning
-        from .triton.heuristics import TOKENS_ON_N_DOTS, num_sms
+        from .triton.heuristics import TOKENS_ON_N_DOTS
+        from .triton.device import num_sms
         from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
         dev = self.device
         self._num_sms = num_sms(dev)
@@ -628,7 +629,7 @@ class Indexer:
         from .triton.config import PrefillConfig
         self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
         self._ws8 = self.workspace.view(torch.uint8)
-        from .triton.numerics import device_guard
+        from .triton.device import device_guard
         self._device_guard = device_guard
         self._score_elems = self.score_buffer.numel()
 
@@ -643,9 +644,9 @@ class Indexer:
         if self.backend != "triton":
             return 2
         kernels = _kernels()
-        sms = kernels.heuristics.num_sms(c.device)
+        sms = kernels.device.num_sms(c.device)
         cfg = kernels.DecodeConfig(dot="fp8") if c.allow_fp8_mma and c.device.type == "cuda" \
-            and not kernels.decode.portable_default(c.device) else None
+            and not kernels.device.portable_default(c.device) else None
         dec = max(kernels.score_buffer_size(b, c.max_pages, c.num_heads, q, num_sms=sms,
                                             config=cfg, device=c.device)
                   for q in range(1, c.max_decode_query_len + 1)

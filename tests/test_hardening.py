@@ -15,6 +15,7 @@ from nvfp4_indexer.triton import decode as TD
 from nvfp4_indexer.triton import gather as TG
 from nvfp4_indexer.triton import heuristics as HZ
 from nvfp4_indexer.triton import scores as TS
+from nvfp4_indexer.triton import device as DV  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["reference", "triton"]
@@ -141,7 +142,7 @@ def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
     bt, seq, q = _batch(2, q_len=q_len)
     dequant = None
     if page_scores:
-        dequant = "mma" if WG.mma_available(DEV) else "lut"
+        dequant = "mma" if DV.mma_available(DEV) else "lut"
     cfg = TD.DecodeConfig(dequant=dequant, dot=None if DEV == "cuda" else "fp32")
     runner = TD.DecodeRunner(2, b, W, q_len, DEV, config=cfg)
     out = torch.full((q_len, 2, 16), POISON, dtype=torch.int32, device=DEV)
@@ -201,7 +202,7 @@ def test_score_buffer_checked_at_construction(backend):
     by the reference, checked at the first plan() by Triton)."""
     bt = torch.zeros(1, 64, dtype=torch.int32, device=DEV)
     seq = torch.zeros(1, dtype=torch.int32, device=DEV)
-    need = min(TD.score_buffer_size(1, 64, 2, q, num_sms=HZ.num_sms(torch.device(DEV)))
+    need = min(TD.score_buffer_size(1, 64, 2, q, num_sms=DV.num_sms(torch.device(DEV)))
                for q in range(1, 9))
     assert need > 10
     for bad in ("junk", torch.zeros(need, dtype=torch.float16, device=DEV),
@@ -209,7 +210,7 @@ def test_score_buffer_checked_at_construction(backend):
                 torch.zeros(2 * need, device=DEV)[::2], torch.zeros(need + 1, device=DEV)[1:]):
         with pytest.raises((ValueError, TypeError), match="score_buffer"):
             _wrapper(bt, seq, 2, backend, score_buffer=bad)
-    enough = max(TD.score_buffer_size(1, 64, 2, q, num_sms=HZ.num_sms(torch.device(DEV)))
+    enough = max(TD.score_buffer_size(1, 64, 2, q, num_sms=DV.num_sms(torch.device(DEV)))
                  for q in range(1, 9))
     w = _wrapper(bt, seq, 2, backend, score_buffer=torch.zeros(enough, device=DEV))
     w.plan(bt, seq, 1)

@@ -39,13 +39,14 @@ import triton.language as tl  # noqa: E402
 
 from nvfp4_indexer import reference as ref  # noqa: E402
 from nvfp4_indexer.triton import lut  # noqa: E402
+from nvfp4_indexer.triton import device as DV  # noqa: E402
 from conformance.fixtures import OUT_POISON
 
 WG = K["decode_wgmma"]
 # the page-score scorers a test runs: the Gluon kernels on a GPU that has them, else the twin
-FAST_MODES = [m for m, ok in (("mma", HAS_CUDA and WG.mma_available(DEV)),
-                              ("wgflat", HAS_CUDA and WG.wgmma_available(DEV)),
-                              ("wgmma", HAS_CUDA and WG.wgmma_available(DEV))) if ok] or ["lut"]
+FAST_MODES = [m for m, ok in (("mma", HAS_CUDA and DV.mma_available(DEV)),
+                              ("wgflat", HAS_CUDA and DV.wgmma_available(DEV)),
+                              ("wgmma", HAS_CUDA and DV.wgmma_available(DEV))) if ok] or ["lut"]
 FLAT_MODES = [m for m in FAST_MODES if m in ("mma", "wgflat", "lut")]  # the flat grid's
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
@@ -750,7 +751,7 @@ def test_choose_dequant_page_score_rule(monkeypatch):
     never without rows to score (W - 1 <= 15), off SM90 or with another dot; else the
     one-launch kernel's mode."""
     from nvfp4_indexer.triton import heuristics as hz
-    monkeypatch.setattr(WG, "mma_available", lambda device: True)
+    monkeypatch.setattr(DV, "mma_available", lambda device: True)
     cap = [(9, 0)]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
     dev = torch.device("cpu")  # default_dequant: "triton" for the fallback

@@ -32,6 +32,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from nvfp4_indexer.reference import formats as F  # noqa: E402
+from nvfp4_indexer.triton import device as DV  # noqa: E402
 
 from conformance.judges import explain_keys  # noqa: E402
 
@@ -192,7 +193,7 @@ def test_fused_quantize_differs_only_inside_band(halves):
         scales = torch.full((n + 1, 8), 0x5A, dtype=torch.uint8, device=DEV)
         _quantize_kernel[(triton.cdiv(n, 16),)](x.to(DEV), codes, scales, n, FUSED=fused,
                                                 HALVES=halves,
-                                                PORTABLE=N.portable_default(DEV), BT=16)
+                                                PORTABLE=DV.portable_default(DEV), BT=16)
         assert bool((codes[n] == 0x5A).all()) and bool((scales[n] == 0x5A).all())
         out[fused] = (codes[:n].cpu(), scales[:n].cpu())
     exact_c, exact_s = out[False]

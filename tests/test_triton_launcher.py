@@ -25,6 +25,7 @@ import triton.language as tl
 
 from triton import knobs
 
+from nvfp4_indexer.triton import device as DV
 from nvfp4_indexer.triton import launcher
 from nvfp4_indexer.triton.launcher import (CachedLaunch, _arg_key, _launch_key, _params,
                                            _typed_key)
@@ -406,23 +407,23 @@ def test_interpreter_launches_through_the_jit():
 
 
 def test_device_guard_is_a_no_op_only_when_nothing_would_change():
-    """``numerics.device_guard``: the shared no-op for CPU devices (str or torch.device), a
+    """``device.device_guard``: the shared no-op for CPU devices (str or torch.device), a
     CUDA device without an index (torch.cuda.device would pick the current one) and the
     current CUDA device; a ``torch.cuda.device`` that switches for any other GPU."""
     from nvfp4_indexer.triton import numerics
-    noop = numerics._NO_GUARD
-    assert numerics.device_guard("cpu") is noop
-    assert numerics.device_guard(torch.device("cpu")) is noop
-    assert numerics.device_guard(torch.device("cuda")) is noop
-    with numerics.device_guard("cpu"), numerics.device_guard("cpu"):  # reentrant
+    noop = DV._NO_GUARD
+    assert DV.device_guard("cpu") is noop
+    assert DV.device_guard(torch.device("cpu")) is noop
+    assert DV.device_guard(torch.device("cuda")) is noop
+    with DV.device_guard("cpu"), DV.device_guard("cpu"):  # reentrant
         pass
     if HAS_CUDA:
         cur = torch.cuda.current_device()
-        assert numerics.device_guard(torch.device("cuda", cur)) is noop
-        assert numerics.device_guard(f"cuda:{cur}") is noop
+        assert DV.device_guard(torch.device("cuda", cur)) is noop
+        assert DV.device_guard(f"cuda:{cur}") is noop
         if torch.cuda.device_count() > 1:
             other = (cur + 1) % torch.cuda.device_count()
-            g = numerics.device_guard(torch.device("cuda", other))
+            g = DV.device_guard(torch.device("cuda", other))
             assert isinstance(g, torch.cuda.device)
             with g:
                 assert torch.cuda.current_device() == other

@@ -66,6 +66,7 @@ def _kernels():
 K = _kernels()
 TOPK_MOD, DECODE, SCORES, PREFILL = K["topk"], K["decode"], K["scores"], K["prefill"]
 from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
+from nvfp4_indexer.triton.device import num_sms  # noqa: E402
 EMPTY = TOPK_MOD.EMPTY
 empty_topk, pack_candidate, topk_insert = (TOPK_MOD.empty_topk, TOPK_MOD.pack_candidate,
                                            TOPK_MOD.topk_insert)
@@ -459,7 +460,7 @@ def test_decode_score_buffer_and_splits():
     # a runner with overrides fits a buffer sized with the same overrides, not a smaller one
     for kw in ({"num_splits": 7}, {"programs_per_sm": 1}, {"window": 4, "num_splits": 2}):
         cfg = DECODE.DecodeConfig(**kw)
-        need = DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=hz.num_sms(DEV), config=cfg)
+        need = DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=num_sms(DEV), config=cfg)
         DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
                             score_buffer=torch.empty(need, device=DEV), config=cfg)
         if need > 2:

@@ -35,7 +35,7 @@ from .decode import SCORE_ERROR_BITS, _decode_score_kernel
 from .dot_modes import resolve_dot
 from .heuristics import MAX_ROWS, block_rows, cp_num_splits, subset_pages
 from .layout import local_page
-from .numerics import device_guard, portable_default
+from .device import device_guard, num_sms, portable_default
 from .scan import clamped_seq_len, decode_rows, out_offsets
 from .topk import EMPTY, load_candidates, write_selection
 
@@ -154,7 +154,7 @@ class ContextParallelRunner:
             raise ValueError("pdl: expected False (the context-parallel runner has no merge "
                              "launch to overlap), got True")
         self.num_splits = cfg.num_splits or cp_num_splits(
-            num_reqs, width, world, hz.num_sms(self.device),
+            num_reqs, width, world, num_sms(self.device),
             cfg.programs_per_sm or hz.PROGRAMS_PER_SM)
         per = hz.cdiv(subset_pages(width, world), self.num_splits)
         self.keep = hz.keep_for_pages(per)

@@ -90,7 +90,7 @@ from .config import KERNEL_DEQUANT_MODES, PAGE_SCORE_MODES, DecodeConfig, check_
 from .dot_modes import resolve_dot
 from .heuristics import MAX_ROWS, block_rows, choose_num_splits
 from .layout import num_history_pages, scored_pages, split_range
-from .numerics import device_guard, portable_default
+from .device import device_guard, mma_available, num_sms, portable_default, wgmma_available
 from .operands import load_q_pairs_t, load_q_quads_t
 from .scan import (clamped_seq_len, decode_rows, finish_split, merge_splits, out_offsets,
                    scan_pages)
@@ -140,7 +140,7 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
     if dequant in PAGE_SCORE_MODES:
         return decode_wgmma.scratch_elems(num_reqs, num_pages, rows)
     if num_sms is None:
-        num_sms = hz.num_sms(device)
+        num_sms = num_sms(device)
     pps = cfg.programs_per_sm or hz.PROGRAMS_PER_SM
     ns = cfg.num_splits or choose_num_splits(num_reqs, num_pages, num_sms, pps)
     window = cfg.window or hz.decode_window(ns, num_pages, rows)
@@ -276,11 +276,11 @@ class DecodeRunner:
                                       "wgflat": hz.WGFLAT_PROGRAMS_PER_SM}.get(
                                           dequant, hz.PROGRAMS_PER_SM)
         self.num_splits = cfg.num_splits or choose_num_splits(
-            num_reqs, width, hz.num_sms(self.device), pps)
+            num_reqs, width, num_sms(self.device), pps)
         # the flat page-score grid ("mma" / "wgflat": one wave of equal shares, "wgflat" at
         # most one program per WGFLAT_MIN_GROUPS groups of 4 pages; "lut": B * NUM_SPLITS)
         self.programs = hz.page_score_programs(
-            num_reqs, width, hz.num_sms(self.device), pps,
+            num_reqs, width, num_sms(self.device), pps,
             cfg.num_splits or (None if dequant in ("mma", "wgflat") else self.num_splits),
             pages_per_program=4 * hz.WGFLAT_MIN_GROUPS if dequant == "wgflat" else 1)
         window = cfg.window or hz.decode_window(self.num_splits, width, self.block_m)
@@ -438,14 +438,14 @@ def _check_dequant(dequant: str, dot: str, device: torch.device, block_m: int) -
                          f"(Q * H padded to BLOCK_M), got BLOCK_M {block_m}: use 'wgmma'")
     if dequant == "lut" and dot != "fp32":
         raise ValueError(f"dequant: 'lut' scores with dot 'fp32', got dot {dot!r}")
-    if dequant == "mma" and (dot != "fp16" or not decode_wgmma.mma_available(device)):
+    if dequant == "mma" and (dot != "fp16" or not mma_available(device)):
         raise ValueError(f"dequant: 'mma' needs a CUDA SM89+ GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")
-    if dequant == "wgmma" and (dot != "fp16" or not decode_wgmma.wgmma_available(device)):
+    if dequant == "wgmma" and (dot != "fp16" or not wgmma_available(device)):
         raise ValueError(f"dequant: 'wgmma' needs a CUDA SM90 GPU and dot 'fp16', got dot "
                          f"{dot!r} on {device}")
     if dequant == "wgflat" and (dot not in ("fp16", "fp8")
-                                or not decode_wgmma.wgmma_available(device)):
+                                or not wgmma_available(device)):
         raise ValueError(f"dequant: 'wgflat' needs a CUDA SM90 GPU and dot 'fp16' or 'fp8', "
                          f"got dot {dot!r} on {device}")
     if dequant in KERNEL_DEQUANT_MODES and dequant != "triton" and (

@@ -112,35 +112,6 @@ def _device_table(device: torch.device, fp8: bool = False) -> torch.Tensor:
     return lut_table_e4m3(device) if fp8 else lut_table(device)
 
 
-def wgmma_available(device) -> bool:
-    """True when the Gluon wgmma scorer can run on ``device``: a CUDA SM90 GPU (wgmma is a
-    Hopper instruction), not under the interpreter, with Gluon importable."""
-    from .numerics import portable_default
-    device = torch.device(device)
-    if portable_default(device) or torch.cuda.get_device_capability(device) != (9, 0):
-        return False
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def mma_available(device) -> bool:
-    """True when the Gluon warp-per-split scorer can run on ``device``: a CUDA GPU with
-    ``mma.sync`` and E4M3 (SM89+; compiled offline for sm_90a and sm_100a, run on SM90), not
-    under the interpreter, with Gluon importable."""
-    from .numerics import portable_default
-    device = torch.device(device)
-    if portable_default(device) or torch.cuda.get_device_capability(device) < (8, 9):
-        return False
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def scratch_elems(num_reqs: int, width: int, rows: int) -> int:
     """float32 elements of page-score scratch: ``[B, N, W]``."""
     return num_reqs * rows * width

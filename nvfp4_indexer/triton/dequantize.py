@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 
 from ..constants import CODE_BYTES, HEAD_DIM, NUM_GROUPS
-from .numerics import (device_guard, e2m1_value, e4m3_decode, e4m3_encode_bits, interpreting,
-                       portable_default)
+from .numerics import e2m1_value, e4m3_decode, e4m3_encode_bits
+from .device import device_guard, interpreting, portable_default
 
 
 @triton.jit

@@ -18,7 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .numerics import e4m3_decode, portable_default
+from .numerics import e4m3_decode
+from .device import portable_default
 
 DOT_MODES = ("fp16", "bf16", "fp8", "fp32")
 DEFAULT_GPU_DOT = "fp16"

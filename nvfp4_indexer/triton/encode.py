@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .numerics import device_guard, e4m3_encode_bits, interpreting, portable_default
+from .numerics import e4m3_encode_bits
+from .device import device_guard, interpreting, portable_default
 
 
 @triton.jit

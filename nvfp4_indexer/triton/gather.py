@@ -36,7 +36,7 @@ from . import heuristics as hz
 from ..validation import check_int
 from .config import GatherConfig, check_config
 from .dequantize import dequant_code_tile
-from .numerics import device_guard, interpreting, portable_default
+from .device import device_guard, interpreting, portable_default
 from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, WS_PAGE,
                      num_history_pages)
 from .ptx import dequant_e4m3_bytes

@@ -13,6 +13,7 @@ import torch
 
 from ..constants import PAGE_SIZE, TOPK
 from ..reference.paging import history_page_count
+from .device import num_sms
 
 # -- decode (and context parallelism) --------------------------------------------------------
 PROGRAMS_PER_SM = 16  # split target: about this many score programs per SM
@@ -45,7 +46,6 @@ MMA_MAX_ROWS = 32  # BLOCK_M above this (Q * H = 64): the wgmma scorer instead
 WGMMA_MIN_PAGES = 16384  # B * (W - 1) from this at BLOCK_M 64: the wgmma scorer
 WGMMA_PROGRAMS_PER_SM = 32  # split target of the wgmma path
 MAXNREG = 128  # score-kernel register cap: 4 CTAs of 4 warps per SM
-DEFAULT_NUM_SMS = 132  # off CUDA (interpreter), and for sizes computed without a GPU
 SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 
 # -- prefill ---------------------------------------------------------------------------------
@@ -105,18 +105,6 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """The least power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def num_sms(device=None) -> int:
-    """SMs of ``device`` (default: the current CUDA device); ``DEFAULT_NUM_SMS`` off CUDA."""
-    if device is not None and torch.device(device).type != "cuda":
-        return DEFAULT_NUM_SMS
-    if not torch.cuda.is_available():
-        return DEFAULT_NUM_SMS
-    idx = torch.device(device).index if device is not None else None
-    if idx is None:
-        idx = torch.cuda.current_device()
-    return torch.cuda.get_device_properties(idx).multi_processor_count
 
 
 def block_rows(query_len: int, num_heads: int) -> int:
@@ -329,10 +317,10 @@ def prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int
 def prefill_wgmma_ok(device, dot: str, tokens_on_n: bool) -> bool:
     """Whether prefill chunks on ``device`` may take the Gluon score kernel
     (``prefill_wgmma``): tokens on N on a CUDA SM90 GPU with Gluon
-    (``decode_wgmma.wgmma_available``), dot "fp16" (its twin's semantics, bit for bit) or
+    (``device.wgmma_available``), dot "fp16" (its twin's semantics, bit for bit) or
     "fp8" (its E4M3 form, ``launch_options(fp8=True)``: inexact, SPEC 9 b = 5; the Triton
     kernel's fp8 lists, tokens on M, are valid within the same bound but not its bit-twin)."""
-    from .decode_wgmma import wgmma_available
+    from .device import wgmma_available
     return dot in ("fp16", "fp8") and bool(tokens_on_n) and wgmma_available(device)
 
 
@@ -378,7 +366,7 @@ def gather_pages_needed(seq_lens: list[int]) -> list[int]:
 def default_dequant(device: torch.device, dot: str) -> str:
     """The one-launch decode score kernel's dequant mode (also the context-parallel runner's):
     "ptx" where its conversions exist (CUDA SM89+) and the dot is fp16, else "triton"."""
-    from .numerics import portable_default
+    from .device import portable_default
     if dot != "fp16" or portable_default(device) or device.type != "cuda":
         return "triton"
     return "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "triton"
@@ -402,7 +390,7 @@ def choose_dequant(device: torch.device, dot: str, num_reqs: int, width: int,
     ``mma.sync`` has none there) from ``FP8_MIN_PAGES`` pages at 32 rows,
     ``FP8_MIN_PAGES_NARROW`` at fewer (``min_pages`` replaces both when given), else the
     fp16 choice (exact, and measured faster there: ``fp8_kernel_dot`` runs it on fp16)."""
-    from .decode_wgmma import mma_available
+    from .device import mma_available
     wide = rows > MMA_MAX_ROWS
     explicit = min_pages is not None
     if min_pages is None:
@@ -446,7 +434,7 @@ def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_
     needs CUDA SM89+ (the asm's f16x2 <-> e4m3x2 conversions). The persistent kernel moves a
     page part in one step: its TOK_BLOCK is 128 / PAGE_PARTS (``tok_block`` does not apply),
     and one item at a time (PAGES applies to the grid kernel only)."""
-    from .numerics import interpreting
+    from .device import interpreting
     if dequant is None:
         dev = torch.device(device)
         dequant = "triton" if (portable or dev.type != "cuda"
@@ -502,7 +490,7 @@ def insert_launch_shape(rotary_dim: int, n: int, block_t: int | None,
     """(BLOCK_T, num_warps) of an insert launch of ``n`` tokens. ROT 64 / 128 (the fast
     path) map two threads to a token; the interpreter takes larger tiles
     (``quantize.rows_per_program``)."""
-    from .numerics import interpreting
+    from .device import interpreting
     from .quantize import rows_per_program
     fast = rotary_dim in (64, 128)
     if block_t is None:

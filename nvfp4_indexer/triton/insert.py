@@ -19,17 +19,8 @@ import triton.language as tl
 
 from . import heuristics as hz
 from .config import InsertConfig, check_config
-from .numerics import (
-    device_guard,
-    gemma_rstd,
-    norm_pow2_scale,
-    nvfp4_quantize_halves_fused,
-    nvfp4_quantize_pairs_fused,
-    portable_default,
-    rope_combine,
-    rope_freq,
-    rope_partner,
-)
+from .numerics import gemma_rstd, norm_pow2_scale, nvfp4_quantize_halves_fused, nvfp4_quantize_pairs_fused, rope_combine, rope_freq, rope_partner
+from .device import device_guard, portable_default
 from .quantize import _rows_view, paged_token_bases, pair_dims, store_nvfp4_tokens
 
 

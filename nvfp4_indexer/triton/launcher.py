@@ -37,7 +37,7 @@ from triton.knobs import HookChain
 from triton.runtime.driver import driver
 from triton.runtime.jit import KernelParam
 
-from .numerics import interpreting
+from .device import interpreting
 
 
 def _arg_key(a):

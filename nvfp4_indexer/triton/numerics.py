@@ -15,16 +15,11 @@ Names here are a stable interface (other kernel modules import them):
 ``nvfp4_dequant_e4m3``, ``nvfp4_dequant_e4m3_bits``, ``div_ieee``, ``nvfp4_scale``,
 ``nvfp4_quantize_pairs``, ``nvfp4_quantize_halves``, ``nvfp4_scale_fused``,
 ``nvfp4_quantize_pairs_fused``, ``nvfp4_quantize_halves_fused`` (fused insert only: SPEC 3's
-band, not bit-exact), ``norm_pow2_scale``, ``gemma_rstd``;
-Python: ``interpreting``, ``portable_default``, ``device_guard``.
+band, not bit-exact), ``norm_pow2_scale``, ``gemma_rstd``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-
-import torch
 import triton
 import triton.language as tl
 
@@ -37,39 +32,6 @@ _E2M1_MAX_BITS = tl.constexpr(0x40C00000)  # 6.0, the largest E2M1 magnitude
 _F32_ONE_BITS = tl.constexpr(0x3F800000)  # 1.0
 _F32_THREE_QUARTERS_BITS = tl.constexpr(0x3F400000)  # 0.75
 _F32_QUARTER_BITS = tl.constexpr(0x3E800000)  # 0.25
-
-
-# --------------------------------------------------------------------------------------------
-# Python helpers for launchers
-# --------------------------------------------------------------------------------------------
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def portable_default(device) -> bool:
-    """The ``PORTABLE`` constexpr launchers pass for tensors on ``device``: True under the
-    interpreter or off CUDA (integer-only encoders), False on a CUDA GPU (native fp8 casts)."""
-    return interpreting() or torch.device(device).type != "cuda"
-
-
-_NO_GUARD = contextlib.nullcontext()  # reentrant: shared by every no-op guard
-
-
-def device_guard(device):
-    """Context manager making ``device`` current for a launch (multi-GPU safety); a no-op off
-    CUDA and when ``device`` already is current (entering ``torch.cuda.device`` costs ~2 us of
-    host time per launch on the H200's host; reading the current device ~0.3 us)."""
-    if type(device) is not torch.device:
-        device = torch.device(device)
-    if device.type != "cuda" or device.index is None \
-            or device.index == torch.cuda.current_device():
-        return _NO_GUARD
-    return torch.cuda.device(device)
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ from .heuristics import TOKENS_ON_N_DOTS, plan_row_blocks
 from .dequantize import dequant_code_tile
 from .layout import (CODE_BYTES, GROUPS, PAGE, SCALES_OFFSET, WS_PAGE, scored_pages,
                      split_range, ws_page_offset)
-from .numerics import device_guard, portable_default
+from .device import device_guard, num_sms, portable_default
 from .operands import load_q_rows, load_q_t
 from .scan import (block_rows_info, finish_split, merge_splits, out_offsets, scan_pages,
                    score_row_block)
@@ -251,7 +251,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         raise ValueError(f"window: expected window * BLOCK_M <= {hz.MAX_WINDOW_ELEMS}, got "
                          f"{cfg.window} * {block_m}")
     q8 = index_q.view(torch.uint8)
-    num_sms = hz.num_sms(dev)
+    sms = num_sms(dev)
     for a, b in chunks:
         reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(a, b))
         nb = len(reqs)
@@ -261,7 +261,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
         meta = torch.tensor(reqs + row0s + offsets, dtype=torch.int32).to(dev)
         blocks, ws_off = meta[:2 * nb], meta[2 * nb:]
         score_pages = max(p if p > hz.SHORT_MAX_LOCAL else 0 for p in pages)
-        launch = hz.prefill_launch(nb, score_pages, block_m, num_sms,
+        launch = hz.prefill_launch(nb, score_pages, block_m, sms,
                                    num_splits=cfg.num_splits, window=cfg.window, wgmma=wgmma)
         from_cache = direct and launch["kernel"] == "wgmma"  # no gather, no workspace
         if not from_cache and workspace is None:

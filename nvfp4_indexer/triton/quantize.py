@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from ..constants import CODE_BYTES, HEAD_DIM, NUM_GROUPS, PAGE_SIZE, SCALES_OFFSET
-from .numerics import device_guard, interpreting, nvfp4_quantize_pairs, portable_default
+from .numerics import nvfp4_quantize_pairs
+from .device import device_guard, interpreting, portable_default
 
 
 @triton.jit

@@ -13,8 +13,8 @@ import triton.language as tl
 from ..constants import HEAD_DIM
 from .insert import _norm_rope_inputs
 from .layout import HEAD
-from .numerics import (device_guard, e4m3_encode_bits, gemma_rstd, interpreting,
-                       norm_pow2_scale, portable_default, rope_combine)
+from .numerics import e4m3_encode_bits, gemma_rstd, norm_pow2_scale, rope_combine
+from .device import device_guard, interpreting, portable_default
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .dot_modes import resolve_dot
 from .heuristics import SCORES_MAX_BLOCK_M, plan_row_blocks, prefill_block_m
-from .numerics import device_guard
+from .device import device_guard
 from .operands import load_q_pairs_t
 from .scan import block_rows_info
 from .scoring import nvfp4_page_scores
