@@ -52,7 +52,7 @@ class Failure:
         if rerun:
             lines.append("    rerun:    " + rerun.format(case=self.case))
         if self.case_file:
-            lines.append(f"    replay:   python -m conformance replay {self.case_file} "
+            lines.append(f"    replay:   python -m {__package__} replay {self.case_file} "
                          f"--backend {backend}")
         return "\n".join(lines)
 
