@@ -124,14 +124,27 @@ INSERT_COLS = [
     ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
     ("= ref", _eq),
 ]
-def _engine_cols():
-    from .engine_suite import ENGINE_COLS
-    return ENGINE_COLS
+ENGINE_COLS = [
+    ("case", lambda r: r["name"]),
+    ("rows", lambda r: str(r["rows"])),
+    ("chunks", lambda r: str(r.get("prefill_chunks", 0))),
+    ("plan us", lambda r: f"{r['plan_us']:.1f}"),
+    ("in place", lambda r: f"{r['plan_in_place_us']:.1f}" if "plan_in_place_us" in r else "-"),
+    ("forward us", lambda r: f"{r['us']:.1f}"),
+    ("kernels us", lambda r: f"{r['kernels_us']:.1f}"),
+    ("warm us", lambda r: f"{r['kernels_warm_us']:.1f}" if "kernels_warm_us" in r else "-"),
+    ("fwd/kern", lambda r: "-" if r.get("forward_over_kernels") is None
+     else f"{r['forward_over_kernels']:.2f}"),
+    ("step us", lambda r: f"{r['step_us']:.1f}"),
+    ("method", lambda r: r["timing"]["method"]),
+    ("= ref", lambda r: "-" if r.get("rows_equal_reference") is None
+     else f"{100 * r['rows_equal_reference']:.0f}%"),
+]
 
 
 SUITE_COLS = {"decode-full": DECODE_COLS, "decode-lowlat": DECODE_COLS,
               "decode-variants": DECODE_COLS, "prefill": PREFILL_COLS,
-              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": _engine_cols()}
+              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": ENGINE_COLS}
 TITLES = {
     "decode-full": "Decode, full suite (Q8KV4 + fused top-k; 28 weighted cases)",
     "decode-lowlat": "Decode, low-latency suite (graph-replay latency per call)",
@@ -157,7 +170,7 @@ def rows(suite: str, recs: list[dict]) -> tuple[list[str], list[list[str]], list
 
 
 def summary_lines(suite: str, summary: dict, results: dict) -> list[str]:
-    """Plain-language summary of a suite with the issue-6 targets next to the numbers."""
+    """Plain-language summary of a suite with its targets next to the numbers."""
     out = [f"{summary.get('ok', 0)}/{summary.get('cases', 0)} cases ok"
            + (f", {summary['errors']} errors" if summary.get("errors") else "")
            + (f", {summary['skipped']} skipped" if summary.get("skipped") else "")]

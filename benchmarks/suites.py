@@ -33,19 +33,20 @@ import torch
 from . import workloads as wl
 from .context import Context
 from .decode_suite import decode_case
+from .engine_suite import engine_case
 from .gather_suite import gather_case, gather_slots
 from .insert_suite import insert_case
 from .prefill_suite import prefill_case
-from .timing import rotation_slots, time_host
+from .timing import rotation_slots
 
-# Issue 6 targets, reported next to the measurements (the tool measures; it does not gate).
+# Targets, reported next to the measurements (the tool measures; it does not gate).
 TARGET_DECODE_WEIGHTED = 0.85
 TARGET_DECODE_BIG_CASE = wl.TARGET_DECODE_BIG_CASE
 TARGET_LOWLAT_US = 6.0
 TARGET_LOWLAT_CASE = "b1_s32000_q8_h4"
 TARGET_PREFILL_MATMUL = 0.50
 TARGET_COPY_GATHER_INSERT = 0.80
-# issue 14 (engine steps): plan host time of decode-only / mixed steps, mixed forward / kernels
+# Engine steps: plan host time of decode-only / mixed steps, mixed forward / kernels
 TARGET_ENGINE_DECODE_PLAN_US = 30.0
 TARGET_ENGINE_MIXED_PLAN_US = 100.0
 TARGET_ENGINE_MIXED_OVER_KERNELS = 1.10
@@ -197,26 +198,19 @@ SUITE_ORDER = ("decode-full", "decode-lowlat", "prefill", "gather", "insert", "d
                "engine")
 
 
-def _engine_case(ctx: Context, case) -> dict:
-    from .engine_suite import engine_case
-    return engine_case(ctx, case)
-
-
 SUITE_FUNCS = {"decode-full": decode_case, "decode-lowlat": decode_case,
                "decode-variants": decode_case, "prefill": prefill_case,
-               "gather": gather_case, "insert": insert_case, "engine": _engine_case}
+               "gather": gather_case, "insert": insert_case, "engine": engine_case}
 
 
 def suite_cases(suite: str, *, quick: bool, smoke: bool) -> list:
     """The cases of ``suite`` for this mode (WORKLOADS.md sizes; tiny ones in smoke)."""
     if smoke:
         return wl.smoke_cases()[suite]
-    if suite == "engine":
-        from . import engine_suite as es
-        return es.quick_cases() if quick else es.engine_cases()
     cases = {"decode-full": wl.full_cases, "decode-lowlat": wl.lowlat_cases,
              "decode-variants": wl.variant_cases, "prefill": wl.prefill_cases,
-             "gather": wl.prefill_cases, "insert": wl.insert_cases}[suite]()
+             "gather": wl.prefill_cases, "insert": wl.insert_cases,
+             "engine": wl.engine_cases}[suite]()
     return wl.quick_filter(cases, suite) if quick else cases
 
 
