@@ -171,6 +171,23 @@ def traffic_fields(tr: wl.Traffic) -> dict:
             "intensity_flop_per_byte": tr.flops / tr.bytes_moved if tr.bytes_moved else 0.0}
 
 
+def compare_rows(ctx: Context, rec: dict, out: torch.Tensor, flops: float, pages_bytes: int,
+                 ref_fn: Callable[[], torch.Tensor], single: bool = False) -> torch.Tensor:
+    """After the first fast call wrote ``out`` [rows, H, 16]: record ``out_fully_written`` (no
+    POISON left) and, where ``ctx.ref_allowed``, the reference's time and the share of rows
+    equal to its output (``rows_equal_reference``); else why it was skipped (``ref_skipped``).
+    Returns a copy of ``out`` (later timed calls overwrite it)."""
+    rec["out_fully_written"] = bool((out != POISON).all())
+    out0 = out.clone()
+    why = ctx.ref_allowed(pages_bytes, flops)
+    if why is None:
+        ref = ref_time(ctx, rec, ref_fn, flops, single=single)
+        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
+    else:
+        rec["ref_skipped"] = why
+    return out0
+
+
 def ref_time(ctx: Context, rec: dict, fn: Callable[[], object], est_flops: float = 0.0,
               single: bool = False):
     """Time the PyTorch reference on the case's inputs and return its result (for the

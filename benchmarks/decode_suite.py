@@ -10,7 +10,7 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
 
 from . import workloads as wl
-from .context import POISON, Context, finish, ref_time, traffic_fields
+from .context import POISON, Context, compare_rows, finish, traffic_fields
 from .pool import random_index_q
 from .timing import rotation_slots, sync
 
@@ -60,16 +60,9 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
         wrappers.append(w)
     wrappers[0].run(q, cache, out)
     sync(dev)
-    rec["out_fully_written"] = bool((out != POISON).all())
-    out0 = out.clone()
-    why = ctx.ref_allowed(tr.pages_bytes, tr.flops)
-    if why is None:
-        ref = ref_time(ctx, rec, lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len,
-                                                            backend="reference"), tr.flops,
-                        single=case.suite == "decode-variants")
-        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
-    else:
-        rec["ref_skipped"] = why
+    compare_rows(ctx, rec, out, tr.flops, tr.pages_bytes,
+                 lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len, backend="reference"),
+                 single=case.suite == "decode-variants")
     calls = [lambda w=w: w.run(q, cache, out) for w in wrappers]
     t = ctx.time_capturable(calls)
     if t.method == "cuda-graph":

@@ -17,7 +17,7 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import PAGE_SIZE, TOPK
 
 from . import workloads as wl
-from .context import POISON, Context, finish, ref_time, traffic_fields
+from .context import POISON, Context, compare_rows, finish, traffic_fields
 from .pool import random_index_q
 from .timing import sync
 
@@ -60,15 +60,8 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
                                backend="reference")
     fast(tables[0])
     sync(dev)
-    rec["out_fully_written"] = bool((out != POISON).all())
-    out0 = out.clone()
-    why = ctx.ref_allowed(tr.pages_bytes, tr.flops)
-    if why is None:
-        ref = ref_time(ctx, rec, lambda: ni.prefill_indexer(
-            q, cache, tables[0], cu, seq, max_gather_pages=mgp, backend="reference"), tr.flops)
-        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
-    else:
-        rec["ref_skipped"] = why
+    out0 = compare_rows(ctx, rec, out, tr.flops, tr.pages_bytes, lambda: ni.prefill_indexer(
+        q, cache, tables[0], cu, seq, max_gather_pages=mgp, backend="reference"))
     t = ctx.time_uncapturable([lambda bt=bt: fast(bt) for bt in tables])
     api = ctx.time_uncapturable([lambda bt=bt: ni.prefill_indexer(
         q, cache, bt, cu, seq, max_gather_pages=mgp, out=out, backend=ctx.fast_backend,

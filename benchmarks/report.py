@@ -56,8 +56,17 @@ def _decode_note(r) -> str:
     return " ".join(notes)
 
 
+# columns several suites share
+CASE_COL = ("case", lambda r: r["name"])
+GBPS_COL = ("GB/s", lambda r: _f(r["gbps"], "{:.0f}"))
+COPY_COL = ("% copy", lambda r: _pct(r.get("copy_ratio")))
+BANDWIDTH_COLS = [GBPS_COL, COPY_COL, ("% mix", lambda r: _pct(r.get("mix_ratio")))]
+API_COL = ("api us", lambda r: _f(r.get("api_us"), "{:.1f}"))
+REF_COLS = [("ref ms", _ref_ms), ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
+            ("= ref", _eq)]
+
 DECODE_COLS: list[tuple[str, Callable]] = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("B", lambda r: str(r["batch"])),
     ("S", lambda r: str(r["nominal"])),
     ("Q", lambda r: str(r["query_len"])),
@@ -67,16 +76,13 @@ DECODE_COLS: list[tuple[str, Callable]] = [
     ("slots", lambda r: str(r["slots"])),
     ("reuse/L2", lambda r: _f(r.get("reuse_over_l2"))),
     ("us/call", lambda r: _f(r["us"], "{:.2f}")),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("% copy", lambda r: _pct(r.get("copy_ratio"))),
+    GBPS_COL, COPY_COL,
     ("TFLOP/s", lambda r: _f(r.get("tflops"))),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    *REF_COLS,
     ("note", _decode_note),
 ]
 PREFILL_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("new", lambda r: str(r["new_tokens"])),
     ("ctx", lambda r: str(r["context"])),
     ("R", lambda r: str(r["num_reqs"])),
@@ -86,46 +92,36 @@ PREFILL_COLS = [
     ("TFLOP/s", lambda r: _f(r.get("tflops"))),
     ("% fp8 mm", lambda r: _pct(r.get("matmul_ratio"))),
     ("% 16-bit mm", lambda r: _pct(r.get("mm16_ratio"))),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
+    GBPS_COL,
+    API_COL,
     ("Indexer us", lambda r: _f(r.get("indexer_us"), "{:.1f}")),
     ("% 16-bit (Indexer)", lambda r: _pct(r.get("indexer_mm16_ratio"))),
     ("graph us", lambda r: _f(r.get("indexer_kernels_us"), "{:.1f}")),
     ("% 16-bit (graph)", lambda r: _pct(r.get("indexer_kernels_mm16_ratio"))),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    *REF_COLS,
 ]
 GATHER_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("pages", lambda r: str(r["history_pages"])),
     ("MB moved", lambda r: _f(r["bytes_moved"] / 1e6)),
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("% copy", lambda r: _pct(r.get("copy_ratio"))),
-    ("% mix", lambda r: _pct(r.get("mix_ratio"))),
-    ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    *BANDWIDTH_COLS,
+    API_COL,
+    *REF_COLS,
 ]
 INSERT_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("tokens", lambda r: str(r["tokens"])),
     ("MB moved", lambda r: _f(r["bytes_moved"] / 1e6, "{:.2f}")),
     ("slots", lambda r: str(r["slots"])),
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("% copy", lambda r: _pct(r.get("copy_ratio"))),
-    ("% mix", lambda r: _pct(r.get("mix_ratio"))),
+    *BANDWIDTH_COLS,
     ("method", lambda r: r["timing"]["method"]),
-    ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    API_COL,
+    *REF_COLS,
 ]
 ENGINE_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("rows", lambda r: str(r["rows"])),
     ("chunks", lambda r: str(r.get("prefill_chunks", 0))),
     ("plan us", lambda r: f"{r['plan_us']:.1f}"),

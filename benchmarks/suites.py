@@ -88,22 +88,21 @@ def run_suite(ctx: Context, suite: str, cases: list, fn: Callable) -> list[dict]
     return recs
 
 
+def _shares(rec: dict, first: tuple[str, str], second: tuple[str, str]) -> str:
+    """`` (a% first[, b% second])`` of the record's ratios; empty when ``first`` is absent."""
+    shown = [f"{100 * rec[k]:.0f}% {label}" for k, label in (first, second)
+             if rec.get(k) is not None]
+    return f" ({', '.join(shown)})" if rec.get(first[0]) is not None else ""
+
+
 def one_line(rec: dict) -> str:
     if rec.get("status") != "ok":
         return rec.get("status", "?")
     s = f"{rec['us']:.2f} us, {rec['gbps']:.0f} GB/s"
-    if rec.get("copy_ratio") is not None:
-        s += f" ({100 * rec['copy_ratio']:.0f}% copy"
-        if rec.get("mix_ratio") is not None:
-            s += f", {100 * rec['mix_ratio']:.0f}% mix"
-        s += ")"
+    s += _shares(rec, ("copy_ratio", "copy"), ("mix_ratio", "mix"))
     if rec.get("tflops"):
         s += f", {rec['tflops']:.1f} TFLOP/s"
-        if rec.get("matmul_ratio") is not None:
-            s += f" ({100 * rec['matmul_ratio']:.0f}% fp8 mm"
-            if rec.get("mm16_ratio") is not None:
-                s += f", {100 * rec['mm16_ratio']:.0f}% 16-bit mm"
-            s += ")"
+        s += _shares(rec, ("matmul_ratio", "fp8 mm"), ("mm16_ratio", "16-bit mm"))
     if rec.get("speedup"):
         s += f", {rec['speedup']:.1f}x vs reference"
     s += f" [{rec['timing']['method']}, {rec['wall_s']:.1f}s]"
