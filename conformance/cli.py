@@ -26,8 +26,9 @@ MODULE_CMD = f"python -m {__package__}"  # this harness's command line, under an
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="reference",
-                   help="reference | triton | triton-fp8 | module:attr (a conformance.Backend or a factory "
-                        "of one; see docs/conformance.md). Default: reference")
+                   help="reference | triton | triton-fp8 | module:attr (a Backend of this "
+                        "harness or a factory of one; see docs/conformance.md). Default: "
+                        "reference")
     p.add_argument("--device", default=None,
                    help="device of the backend's tensors (default: cuda for triton when "
                         "available, else cpu)")
@@ -44,6 +45,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="a skipped check (op missing or not implemented) fails the run")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+
+
+def _outputs(p: argparse.ArgumentParser) -> None:
+    """Files a run or a verify may write besides its report."""
+    p.add_argument("--save-failures", default=None, metavar="DIR",
+                   help="save every failing case as DIR/<case>.npz + .json")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="also write a markdown record (date, GPU, commit, table) to FILE")
 
 
 def _seed(text: str) -> int:
@@ -85,10 +94,7 @@ def build_parser(prog: str = MODULE_CMD) -> argparse.ArgumentParser:
                      help="comma-separated checks to run (default: all; see 'list')")
     run.add_argument("--case", default=None, metavar="GLOB",
                      help="only cases whose name matches, e.g. 'decode/ties/*'")
-    run.add_argument("--save-failures", default=None, metavar="DIR",
-                     help="save every failing case as DIR/<case>.npz + .json")
-    run.add_argument("--record", default=None, metavar="FILE",
-                     help="also write a markdown record (date, GPU, commit, table) to FILE")
+    _outputs(run)
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("replay", help="run a saved case file on a backend")
@@ -117,8 +123,7 @@ def build_parser(prog: str = MODULE_CMD) -> argparse.ArgumentParser:
                          "bit (default with --backend reference)")
     gv.add_argument("--no-oracle", dest="oracle", action="store_false")
     gv.add_argument("--case", default=None, metavar="GLOB", help="only matching cases")
-    gv.add_argument("--save-failures", default=None, metavar="DIR")
-    gv.add_argument("--record", default=None, metavar="FILE")
+    _outputs(gv)
     gv.set_defaults(func=cmd_golden_verify)
 
     ls = sub.add_parser("list", help="list checks, profiles and distributions")

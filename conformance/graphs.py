@@ -171,15 +171,8 @@ def wrapper_session(backend: Backend, profile: G.Profile, seed: int, name: str, 
             else:
                 wrapper.run(q_buf, cache, out_buf)
             got = out_buf.detach().cpu()
-        except NotImplementedError as e:
-            res.skipped = f"wrapper: NotImplementedError: {e}"
-            results.append(res)
-            break
         except Exception as e:  # plan/run/capture raised
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected="no exception",
-                     got=f"{e.__class__.__name__}: {e}",
-                     detail=f"wrapper step {step} ({mutation}) raised")
+            res.raised(e, "wrapper", max_failures, f"wrapper step {step} ({mutation}) raised")
             results.append(res)
             break
         case = G.Case("decode", res.case, seed,

@@ -95,8 +95,24 @@ class CaseResult:
         return self.failed == 0 and not self.failures
 
     def fail(self, max_failures: int, **kw) -> None:
+        """Keep a :class:`Failure` (``kw``: its fields) while fewer than ``max_failures`` are
+        kept; the caller counts the failed rows."""
         if len(self.failures) < max_failures:
             self.failures.append(Failure(check=self.check, case=self.case, seed=self.seed, **kw))
+
+    def count_failure(self, max_failures: int, **kw) -> None:
+        """One more failed row, kept as a :class:`Failure` as :meth:`fail` keeps it."""
+        self.failed += 1
+        self.fail(max_failures, **kw)
+
+    def raised(self, e: Exception, what: str, max_failures: int, detail: str) -> None:
+        """A backend call raised ``e``: ``NotImplementedError`` skips the case (``what``: the
+        op or object that does not implement it), any other exception fails it."""
+        if isinstance(e, NotImplementedError):
+            self.skipped = f"{what}: NotImplementedError: {e}"
+        else:
+            self.count_failure(max_failures, row=None, head=None, expected="no exception",
+                               got=f"{e.__class__.__name__}: {e}", detail=detail)
 
     def to_json(self) -> dict:
         return {"check": self.check, "op": self.op, "case": self.case, "seed": self.seed,

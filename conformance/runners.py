@@ -242,13 +242,11 @@ def run_gather(case, backend, exp, res, mf):
     want_off = exp["page_offsets"].to(torch.int64)
     got_off = off.detach().cpu()
     if off.dtype != torch.int32 or not torch.equal(got_off.to(torch.int64), want_off):
-        res.failed += 1
-        res.fail(mf, row=None, head=None, expected=want_off.tolist(),
-                 got=f"{got_off.tolist()} ({off.dtype})", detail="page_offsets (SPEC 7)")
+        res.count_failure(mf, row=None, head=None, expected=want_off.tolist(),
+                          got=f"{got_off.tolist()} ({off.dtype})", detail="page_offsets (SPEC 7)")
     if ws.dtype != torch.float8_e4m3fn:
-        res.failed += 1
-        res.fail(mf, row=None, head=None, expected="float8_e4m3fn", got=str(ws.dtype),
-                 detail="workspace dtype (SPEC 2)")
+        res.count_failure(mf, row=None, head=None, expected="float8_e4m3fn", got=str(ws.dtype),
+                          detail="workspace dtype (SPEC 2)")
         return
     p = exp["workspace"].shape[0]
     compare_bytes(res, exp["workspace"], as_bytes(ws), p,
@@ -274,9 +272,8 @@ def run_scores(case, backend, exp, res, mf):
                   inp["query_start_loc"].to(d)).detach().cpu()
     want = exp["scores"]
     if got.shape != want.shape or got.dtype != torch.float32:
-        res.failed += 1
-        res.fail(mf, row=None, head=None, expected=f"float32 {tuple(want.shape)}",
-                 got=f"{got.dtype} {tuple(got.shape)}", detail="page_scores output")
+        res.count_failure(mf, row=None, head=None, expected=f"float32 {tuple(want.shape)}",
+                          got=f"{got.dtype} {tuple(got.shape)}", detail="page_scores output")
         return
     bits = backend.bits("page_scores")
     mag = exp["magnitude"][..., None]
@@ -364,17 +361,16 @@ def run_mixed(case, backend, exp, res, mf):
     out = selection_out(q.shape[0], q.shape[1], d)
     call_op(backend, "decode_indexer", q[:nd], cache, bt[:bd], sl[:bd], ql, out=out[:nd])
     if bool((out[nd:] != OUT_POISON).any()):
-        res.failed += 1
-        res.fail(mf, row=nd, head=None, expected="untouched prefill rows",
-                 got="modified", detail="decode_indexer wrote outside its rows of the shared "
-                                        "output (SPEC 8)")
+        res.count_failure(mf, row=nd, head=None, expected="untouched prefill rows",
+                          got="modified", detail="decode_indexer wrote outside its rows of the "
+                                                 "shared output (SPEC 8)")
     snap = out[:nd].clone()
     call_op(backend, "prefill_indexer", q[nd:], cache, bt[bd:], inp["cu_seqlens_q"].to(d),
             sl[bd:], max_gather_pages=inp["max_gather_pages"], out=out[nd:])
     if not torch.equal(out[:nd], snap):
-        res.failed += 1
-        res.fail(mf, row=0, head=None, expected="untouched decode rows", got="modified",
-                 detail="prefill_indexer wrote outside its rows of the shared output (SPEC 8)")
+        res.count_failure(mf, row=0, head=None, expected="untouched decode rows", got="modified",
+                          detail="prefill_indexer wrote outside its rows of the shared output "
+                                 "(SPEC 8)")
     got = out.detach().cpu()
     bits_op = "decode_indexer"
     b_dec, b_pre = backend.bits("decode_indexer"), backend.bits("prefill_indexer")

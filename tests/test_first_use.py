@@ -125,7 +125,7 @@ def test_conformance_cli_messages(capsys, tmp_path, monkeypatch):
     from conformance.cli import main
     assert main(["run", "--backend", "nosuch"]) == 2
     err = capsys.readouterr().err
-    assert err.count("--backend") == 1 and "'nosuch'" in err  # was "--backend nosuch: --backend"
+    assert err.count("--backend") == 1 and "'nosuch'" in err  # the option named once
     assert main(["replay", str(tmp_path / "case.npz")]) == 2
     err = capsys.readouterr().err
     assert "case.npz" in err and "no such file" in err
