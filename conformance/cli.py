@@ -224,6 +224,12 @@ def _finish(args, command, results, backend, started, *, profile=None, seed=None
     return 0 if ok else 1
 
 
+def _rerun(args, command: str, options: str = "") -> str:
+    """The command line that reruns one case (``{case}``: its name) of this run."""
+    interp = " --interpret" if args.interpret else ""
+    return f"{MODULE_CMD} {command} --backend {args.backend}{interp}{options} --case '{{case}}'"
+
+
 def cmd_run(args) -> int:
     from .generator import PROFILES
     from .report import Progress
@@ -240,9 +246,7 @@ def cmd_run(args) -> int:
                             on_result=prog.case, on_check=prog.check)
     title = (f"conformance run: backend={backend.name} device={backend.device} "
              f"profile={args.profile} seed={args.seed}")
-    interp = " --interpret" if args.interpret else ""
-    rerun = (f"{MODULE_CMD} run --backend {args.backend}{interp} --profile "
-             f"{args.profile} --seed {args.seed} --case '{{case}}'")
+    rerun = _rerun(args, "run", f" --profile {args.profile} --seed {args.seed}")
     return _finish(args, "run", results, backend, started, profile=args.profile,
                    seed=args.seed, title=title, rerun=rerun)
 
@@ -311,9 +315,7 @@ def cmd_golden_verify(args) -> int:
         raise _UsageError(str(e)) from e
     title = (f"golden verify {directory} (SPEC {manifest['spec_version']}, seed "
              f"{manifest['generator']['seed']}): backend={backend.name} device={backend.device}")
-    interp = " --interpret" if args.interpret else ""
-    rerun = (f"{MODULE_CMD} golden verify {directory} --backend {args.backend}"
-             f"{interp} --case '{{case}}'")
+    rerun = _rerun(args, f"golden verify {directory}")
     return _finish(args, "golden-verify", results, backend, started,
                    seed=manifest["generator"]["seed"], title=title,
                    extra={"golden_dir": directory, "oracle": oracle}, rerun=rerun)

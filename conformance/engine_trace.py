@@ -27,7 +27,7 @@ from . import generator as G
 from .backends import Backend
 from .fixtures import OUT_POISON, cache_view, poisoned_storage, selection_out
 from .oracles import mixed_oracle, mixed_qsl
-from .results import CaseResult, Skip
+from .results import CaseResult, Skip, skip_unimplemented
 from .runners import judge_selection
 
 #: Trace sizes per profile: (steps, heads, max_decode_query_len, max_model_len,
@@ -83,18 +83,13 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
                               cudagraph_batch_sizes=graph_sizes, device=dev)
     results: list[CaseResult] = []
 
-    def result(step):
+    def result(step, **kw):
         return CaseResult(check="engine", op="engine", case=f"{name}/step-{step:03d}",
-                          seed=seed, rows=0)
+                          seed=seed, rows=0, **kw)
     try:
-        try:
-            indexer = _make_indexer(backend, config)
-        except NotImplementedError as e:
-            raise Skip(f"make_indexer: {e}") from e
+        indexer = skip_unimplemented("make_indexer", _make_indexer, backend, config)
     except Skip as e:
-        r = result(0)
-        r.skipped = str(e)
-        return [r]
+        return [result(0, skipped=str(e))]
     use_graph = dev.type == "cuda" and backend.capturable and \
         getattr(indexer, "backend", "triton") == "triton"
 

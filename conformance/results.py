@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -16,6 +16,15 @@ from .generator import Case
 
 class Skip(Exception):
     """The backend declares an op absent (``None``) or raises ``NotImplementedError``."""
+
+
+def skip_unimplemented(what: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``; its ``NotImplementedError`` becomes :class:`Skip` naming
+    ``what``."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        raise Skip(f"{what}: {e}") from e
 
 
 def jsonable(x):

@@ -23,7 +23,7 @@ from .fixtures import OUT_POISON, as_bytes, case_cache, selection_out
 from .judges import (compare_bytes, explain_keys, explain_queries, hex_bytes, record_selection,
                      tie_aware_check)
 from .oracles import DEQUANT_DTYPES, decode_rows, local_pages, mixed_qsl
-from .results import CaseResult, Skip
+from .results import CaseResult, Skip, skip_unimplemented
 
 
 def call_op(backend: Backend, op: str, *args, **kwargs):
@@ -36,10 +36,7 @@ def call_op(backend: Backend, op: str, *args, **kwargs):
     fn = getattr(backend, op)
     if fn is None:
         raise Skip(f"backend {backend.name!r} provides no {op}")
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as e:
-        raise Skip(f"{op}: NotImplementedError: {e}") from e
+    return skip_unimplemented(f"{op}: NotImplementedError", fn, *args, **kwargs)
 
 
 def _dev(t, device):
@@ -319,15 +316,21 @@ def judge_selection(res: CaseResult, case, backend: Backend, exp: dict, got: tor
     record_selection(res, got, tie, row_meta(inp, qsl), mf)
 
 
-def _run_selection(case, backend, exp, res, mf, op: str, args: tuple[str, ...], kwargs: dict,
-                   qsl: torch.Tensor) -> None:
-    """Call the selection op ``op(index_q, cache, *inputs[args], **kwargs, out=poisoned)`` and
-    judge the rows ``qsl`` (a returned tensor other than ``out`` is what gets judged)."""
+def _selection_inputs(case, backend):
+    """``(inputs, device, cache, index_q, poisoned out)`` of a selection case on the backend's
+    device."""
     inp = case.inputs
     d = backend.device
     _, cache = case_cache(inp, d)
     q = inp["index_q"].to(d)
-    out = selection_out(q.shape[0], q.shape[1], d)
+    return inp, d, cache, q, selection_out(q.shape[0], q.shape[1], d)
+
+
+def _run_selection(case, backend, exp, res, mf, op: str, args: tuple[str, ...], kwargs: dict,
+                   qsl: torch.Tensor) -> None:
+    """Call the selection op ``op(index_q, cache, *inputs[args], **kwargs, out=poisoned)`` and
+    judge the rows ``qsl`` (a returned tensor other than ``out`` is what gets judged)."""
+    inp, d, cache, q, out = _selection_inputs(case, backend)
     r = call_op(backend, op, q, cache, *(_dev(inp[a], d) for a in args), **kwargs, out=out)
     got = out.detach().cpu()
     if r is not None and r.data_ptr() != out.data_ptr():
@@ -351,14 +354,10 @@ def run_prefill(case, backend, exp, res, mf):
 def run_mixed(case, backend, exp, res, mf):
     """Decode-first batch (SPEC 8): decode writes rows [0, nd), prefill rows [nd, T) of one
     shared output; neither may touch the other's rows."""
-    inp = case.inputs
-    d = backend.device
-    _, cache = case_cache(inp, d)
-    q = inp["index_q"].to(d)
+    inp, d, cache, q, out = _selection_inputs(case, backend)
     bd, ql = inp["num_decode_reqs"], inp["query_len"]
     nd = bd * ql
     bt, sl = inp["block_table"].to(d), inp["seq_lens"].to(d)
-    out = selection_out(q.shape[0], q.shape[1], d)
     call_op(backend, "decode_indexer", q[:nd], cache, bt[:bd], sl[:bd], ql, out=out[:nd])
     if bool((out[nd:] != OUT_POISON).any()):
         res.count_failure(mf, row=nd, head=None, expected="untouched prefill rows",
