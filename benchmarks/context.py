@@ -1,6 +1,6 @@
 """What every benchmark suite shares: the ``Context`` (device, protocol, ceilings, page
-pool), the output poison and the per-case record fields (``_finish``: GB/s, TFLOP/s, ratios
-to the ceilings; ``_ref_time``: the PyTorch reference's time)."""
+pool), the output poison and the per-case record fields (``finish``: GB/s, TFLOP/s, ratios
+to the ceilings; ``ref_time``: the PyTorch reference's time)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def written_bytes(suite: str, parts: dict) -> int:
     return sum(parts[k] for k in WRITTEN_PARTS[suite])
 
 
-def _finish(ctx: Context, rec: dict, t, nbytes: int, flops: int,
+def finish(ctx: Context, rec: dict, t, nbytes: int, flops: int,
             bytes_written: int | None = None) -> dict:
     """Timing, GB/s, TFLOP/s and the ratios to the ceilings. ``bytes_written`` (of
     ``nbytes``; gather / insert) adds the read / write split and the mix ceiling."""
@@ -165,13 +165,30 @@ def _finish(ctx: Context, rec: dict, t, nbytes: int, flops: int,
     return rec
 
 
-def _traffic_fields(tr: wl.Traffic) -> dict:
+def traffic_fields(tr: wl.Traffic) -> dict:
     return {"history_pages": tr.history_pages, "pages_bytes": tr.pages_bytes,
             "bytes_moved": tr.bytes_moved, "bytes_parts": tr.parts, "flops": tr.flops,
             "intensity_flop_per_byte": tr.flops / tr.bytes_moved if tr.bytes_moved else 0.0}
 
 
-def _ref_time(ctx: Context, rec: dict, fn: Callable[[], object], est_flops: float = 0.0,
+def compare_rows(ctx: Context, rec: dict, out: torch.Tensor, flops: float, pages_bytes: int,
+                 ref_fn: Callable[[], torch.Tensor], single: bool = False) -> torch.Tensor:
+    """After the first fast call wrote ``out`` [rows, H, 16]: record ``out_fully_written`` (no
+    POISON left) and, where ``ctx.ref_allowed``, the reference's time and the share of rows
+    equal to its output (``rows_equal_reference``); else why it was skipped (``ref_skipped``).
+    Returns a copy of ``out`` (later timed calls overwrite it)."""
+    rec["out_fully_written"] = bool((out != POISON).all())
+    out0 = out.clone()
+    why = ctx.ref_allowed(pages_bytes, flops)
+    if why is None:
+        ref = ref_time(ctx, rec, ref_fn, flops, single=single)
+        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
+    else:
+        rec["ref_skipped"] = why
+    return out0
+
+
+def ref_time(ctx: Context, rec: dict, fn: Callable[[], object], est_flops: float = 0.0,
               single: bool = False):
     """Time the PyTorch reference on the case's inputs and return its result (for the
     comparison). Light cases: median of 3 after a warm-up; heavy ones, the CPU smoke and

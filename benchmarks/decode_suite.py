@@ -10,7 +10,7 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
 
 from . import workloads as wl
-from .context import POISON, Context, _finish, _ref_time, _traffic_fields
+from .context import POISON, Context, compare_rows, finish, traffic_fields
 from .pool import random_index_q
 from .timing import rotation_slots, sync
 
@@ -40,7 +40,7 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
     reuse = (slots - 1) * tr.pages_bytes
     rec = {"batch": b, "nominal": case.nominal, "query_len": q_len, "num_heads": h,
            "weight": case.weight, "seq_len_min": min(sl), "seq_len_max": max(sl),
-           "seq_len_mean": sum(sl) / len(sl), "width": width, **_traffic_fields(tr),
+           "seq_len_mean": sum(sl) / len(sl), "width": width, **traffic_fields(tr),
            "slots": slots, "reuse_bytes": reuse,
            "reuse_over_l2": reuse / ctx.l2_bytes if ctx.l2_bytes else None,
            "path": f"DecodeIndexerWrapper(backend={ctx.fast_backend!r}"
@@ -60,16 +60,9 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
         wrappers.append(w)
     wrappers[0].run(q, cache, out)
     sync(dev)
-    rec["out_fully_written"] = bool((out != POISON).all())
-    out0 = out.clone()
-    why = ctx.ref_allowed(tr.pages_bytes, tr.flops)
-    if why is None:
-        ref = _ref_time(ctx, rec, lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len,
-                                                            backend="reference"), tr.flops,
-                        single=case.suite == "decode-variants")
-        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
-    else:
-        rec["ref_skipped"] = why
+    compare_rows(ctx, rec, out, tr.flops, tr.pages_bytes,
+                 lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len, backend="reference"),
+                 single=case.suite == "decode-variants")
     calls = [lambda w=w: w.run(q, cache, out) for w in wrappers]
     t = ctx.time_capturable(calls)
     if t.method == "cuda-graph":
@@ -79,7 +72,7 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
         wrappers[-1].run(q, cache, check)
         sync(dev)
         rec["graph_replay_equals_eager"] = bool(torch.equal(check, out))
-    rec = _finish(ctx, rec, t, tr.bytes_moved, tr.flops)
+    rec = finish(ctx, rec, t, tr.bytes_moved, tr.flops)
     rec["flag_big_under_75"] = bool(case.suite == "decode-full"
                                     and tr.pages_bytes >= wl.FLAG_PAGES_BYTES
                                     and rec["copy_ratio"] is not None

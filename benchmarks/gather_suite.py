@@ -10,8 +10,8 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import PAGE_SIZE
 
 from . import workloads as wl
-from .context import Context, _finish, _ref_time, _traffic_fields, written_bytes
-from .prefill_suite import _prefill_inputs
+from .context import Context, finish, ref_time, traffic_fields, written_bytes
+from .prefill_suite import prefill_inputs
 from .timing import rotation_slots, sync
 
 GATHER_WORKSPACE_CAP_BYTES = 8 << 30  # all rotation slots' FP8 workspaces together
@@ -45,10 +45,10 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
             "workspace_memory": max(1, ws_cap_bytes // max(1, ws_bytes))}
     slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls,
                            max_slots=min(caps.values()))
-    sl, width, tables, seq, _ = _prefill_inputs(ctx, case, slots)
+    sl, width, tables, seq, _ = prefill_inputs(ctx, case, slots)
     reuse = (slots - 1) * tr.bytes_moved
     rec = {"new_tokens": case.new_tokens, "context": case.context, "num_reqs": case.num_reqs,
-           "seq_len": sl[0], "width": width, **_traffic_fields(tr), "slots": slots,
+           "seq_len": sl[0], "width": width, **traffic_fields(tr), "slots": slots,
            "slot_caps": caps, "reuse_bytes": reuse,
            "reuse_over_l2": reuse / ctx.l2_bytes if ctx.l2_bytes else None,
            "workspace_pages": total, "workspace_bytes_all_slots": slots * ws_bytes}
@@ -89,7 +89,7 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
     sync(dev)
     why = ctx.ref_allowed(tr.pages_bytes)
     if why is None:
-        ref_ws, ref_off = _ref_time(ctx, rec, lambda: ni.gather_index_k_fp8(
+        ref_ws, ref_off = ref_time(ctx, rec, lambda: ni.gather_index_k_fp8(
             cache, tables[0], seq, backend="reference"))
         rec["equal_reference"] = bool(
             torch.equal(wss[0].view(torch.uint8), ref_ws.view(torch.uint8))
@@ -113,7 +113,7 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
         cache, bt, seq, backend=ctx.fast_backend) for bt in tables], max_samples=5)
     rec["api_us"] = api.us
     rec["api_timing"] = api.as_dict()
-    return _finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("gather", tr.parts))
+    return finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("gather", tr.parts))
 
 
 def _time_alt(ctx: Context, fast, wss, slots: int, config, nbytes: int) -> dict:

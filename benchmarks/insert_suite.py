@@ -13,7 +13,7 @@ from nvfp4_indexer.reference.paging import read_blocks
 from conformance.fixtures import rope_cache
 
 from . import workloads as wl
-from .context import Context, _finish, _ref_time, _traffic_fields, written_bytes
+from .context import Context, finish, ref_time, traffic_fields, written_bytes
 from .pool import PagePool, random_keys
 from .timing import rotation_slots, sync
 
@@ -43,7 +43,7 @@ def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
     pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
     cache = pool.cache
     rec = {"tokens": case.tokens, "cache_tokens": case.cache_tokens,
-           "rotary_dim": case.rotary_dim, **_traffic_fields(tr), "slots": slots,
+           "rotary_dim": case.rotary_dim, **traffic_fields(tr), "slots": slots,
            "reuse_bytes": (slots - 1) * tr.bytes_moved,
            "reuse_over_l2": (slots - 1) * tr.bytes_moved / ctx.l2_bytes if ctx.l2_bytes
            else None, "pool_fill_backend": pool.fill_backend}
@@ -67,7 +67,7 @@ def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
     sync(dev)
     why = ctx.ref_allowed(0)
     if why is None:
-        _ref_time(ctx, rec, lambda: ni.insert_index_k(ref_cache, k0, pos0, slot0, weight,
+        ref_time(ctx, rec, lambda: ni.insert_index_k(ref_cache, k0, pos0, slot0, weight,
                                                       cos_sin, rotary_dim=rd, eps=eps,
                                                       backend="reference"))
         blocks, offs = slot0 // PAGE_SIZE, slot0 % PAGE_SIZE
@@ -84,4 +84,4 @@ def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
         cache, x[0], x[1], x[2], weight, cos_sin, rotary_dim=rd, eps=eps,
         backend=ctx.fast_backend) for x in inputs], max_samples=5)
     rec["api_us"] = api.us
-    return _finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("insert", tr.parts))
+    return finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("insert", tr.parts))

@@ -17,11 +17,11 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import PAGE_SIZE, TOPK
 
 from . import workloads as wl
-from .context import POISON, Context, _finish, _ref_time, _traffic_fields
+from .context import POISON, Context, compare_rows, finish, traffic_fields
 from .pool import random_index_q
 from .timing import sync
 
-def _prefill_inputs(ctx: Context, case: wl.PrefillCase, slots: int):
+def prefill_inputs(ctx: Context, case: wl.PrefillCase, slots: int):
     dev = ctx.device
     sl = case.seq_lens()
     width = max(wl.pages_needed(s) for s in sl)
@@ -35,14 +35,14 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
     dev, cache = ctx.device, ctx.pool.cache
     tr = wl.prefill_traffic(case)
     slots = 2  # eager timing flushes L2 before every call; two slots alternate page sets
-    sl, width, tables, seq, cu = _prefill_inputs(ctx, case, slots)
+    sl, width, tables, seq, cu = prefill_inputs(ctx, case, slots)
     h, t_rows = case.num_heads, case.new_tokens
     q = random_index_q(t_rows, h, dev, ctx.gen(case.name))
     out = torch.full((t_rows, h, TOPK), POISON, dtype=torch.int32, device=dev)
     mgp = ni.max_gather_pages(width * PAGE_SIZE, t_rows)  # the API's default budget
     rec = {"new_tokens": case.new_tokens, "context": case.context, "num_reqs": case.num_reqs,
            "num_heads": h, "q_len": case.q_len, "seq_len": sl[0], "width": width,
-           "max_gather_pages": mgp, **_traffic_fields(tr), "slots": slots}
+           "max_gather_pages": mgp, **traffic_fields(tr), "slots": slots}
     if ctx.fast_backend == "triton":
         from nvfp4_indexer.api import _prefill_config
         from nvfp4_indexer.triton import prefill as tp
@@ -60,22 +60,15 @@ def prefill_case(ctx: Context, case: wl.PrefillCase) -> dict:
                                backend="reference")
     fast(tables[0])
     sync(dev)
-    rec["out_fully_written"] = bool((out != POISON).all())
-    out0 = out.clone()
-    why = ctx.ref_allowed(tr.pages_bytes, tr.flops)
-    if why is None:
-        ref = _ref_time(ctx, rec, lambda: ni.prefill_indexer(
-            q, cache, tables[0], cu, seq, max_gather_pages=mgp, backend="reference"), tr.flops)
-        rec["rows_equal_reference"] = float((ref == out0).all(dim=-1).float().mean())
-    else:
-        rec["ref_skipped"] = why
+    out0 = compare_rows(ctx, rec, out, tr.flops, tr.pages_bytes, lambda: ni.prefill_indexer(
+        q, cache, tables[0], cu, seq, max_gather_pages=mgp, backend="reference"))
     t = ctx.time_uncapturable([lambda bt=bt: fast(bt) for bt in tables])
     api = ctx.time_uncapturable([lambda bt=bt: ni.prefill_indexer(
         q, cache, bt, cu, seq, max_gather_pages=mgp, out=out, backend=ctx.fast_backend,
         allow_fp8_mma=ctx.allow_fp8_mma) for bt in tables], max_samples=5)
     rec["api_us"] = api.us
     _indexer_times(ctx, case, rec, q, tables[0], sl, out0)
-    return _finish(ctx, rec, t, tr.bytes_moved, tr.flops)
+    return finish(ctx, rec, t, tr.bytes_moved, tr.flops)
 
 
 def _indexer_times(ctx: Context, case: wl.PrefillCase, rec: dict, q, block_table, sl,

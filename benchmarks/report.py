@@ -56,8 +56,17 @@ def _decode_note(r) -> str:
     return " ".join(notes)
 
 
+# columns several suites share
+CASE_COL = ("case", lambda r: r["name"])
+GBPS_COL = ("GB/s", lambda r: _f(r["gbps"], "{:.0f}"))
+COPY_COL = ("% copy", lambda r: _pct(r.get("copy_ratio")))
+BANDWIDTH_COLS = [GBPS_COL, COPY_COL, ("% mix", lambda r: _pct(r.get("mix_ratio")))]
+API_COL = ("api us", lambda r: _f(r.get("api_us"), "{:.1f}"))
+REF_COLS = [("ref ms", _ref_ms), ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
+            ("= ref", _eq)]
+
 DECODE_COLS: list[tuple[str, Callable]] = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("B", lambda r: str(r["batch"])),
     ("S", lambda r: str(r["nominal"])),
     ("Q", lambda r: str(r["query_len"])),
@@ -67,16 +76,13 @@ DECODE_COLS: list[tuple[str, Callable]] = [
     ("slots", lambda r: str(r["slots"])),
     ("reuse/L2", lambda r: _f(r.get("reuse_over_l2"))),
     ("us/call", lambda r: _f(r["us"], "{:.2f}")),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("% copy", lambda r: _pct(r.get("copy_ratio"))),
+    GBPS_COL, COPY_COL,
     ("TFLOP/s", lambda r: _f(r.get("tflops"))),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    *REF_COLS,
     ("note", _decode_note),
 ]
 PREFILL_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("new", lambda r: str(r["new_tokens"])),
     ("ctx", lambda r: str(r["context"])),
     ("R", lambda r: str(r["num_reqs"])),
@@ -86,52 +92,55 @@ PREFILL_COLS = [
     ("TFLOP/s", lambda r: _f(r.get("tflops"))),
     ("% fp8 mm", lambda r: _pct(r.get("matmul_ratio"))),
     ("% 16-bit mm", lambda r: _pct(r.get("mm16_ratio"))),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
+    GBPS_COL,
+    API_COL,
     ("Indexer us", lambda r: _f(r.get("indexer_us"), "{:.1f}")),
     ("% 16-bit (Indexer)", lambda r: _pct(r.get("indexer_mm16_ratio"))),
     ("graph us", lambda r: _f(r.get("indexer_kernels_us"), "{:.1f}")),
     ("% 16-bit (graph)", lambda r: _pct(r.get("indexer_kernels_mm16_ratio"))),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    *REF_COLS,
 ]
 GATHER_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("pages", lambda r: str(r["history_pages"])),
     ("MB moved", lambda r: _f(r["bytes_moved"] / 1e6)),
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("% copy", lambda r: _pct(r.get("copy_ratio"))),
-    ("% mix", lambda r: _pct(r.get("mix_ratio"))),
-    ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    *BANDWIDTH_COLS,
+    API_COL,
+    *REF_COLS,
 ]
 INSERT_COLS = [
-    ("case", lambda r: r["name"]),
+    CASE_COL,
     ("tokens", lambda r: str(r["tokens"])),
     ("MB moved", lambda r: _f(r["bytes_moved"] / 1e6, "{:.2f}")),
     ("slots", lambda r: str(r["slots"])),
     ("us/call", lambda r: _f(r["us"], "{:.1f}")),
-    ("GB/s", lambda r: _f(r["gbps"], "{:.0f}")),
-    ("% copy", lambda r: _pct(r.get("copy_ratio"))),
-    ("% mix", lambda r: _pct(r.get("mix_ratio"))),
+    *BANDWIDTH_COLS,
     ("method", lambda r: r["timing"]["method"]),
-    ("api us", lambda r: _f(r.get("api_us"), "{:.1f}")),
-    ("ref ms", _ref_ms),
-    ("speedup", lambda r: _f(r.get("speedup"), "{:.0f}x")),
-    ("= ref", _eq),
+    API_COL,
+    *REF_COLS,
 ]
-def _engine_cols():
-    from .engine_suite import ENGINE_COLS
-    return ENGINE_COLS
+ENGINE_COLS = [
+    CASE_COL,
+    ("rows", lambda r: str(r["rows"])),
+    ("chunks", lambda r: str(r.get("prefill_chunks", 0))),
+    ("plan us", lambda r: f"{r['plan_us']:.1f}"),
+    ("in place", lambda r: f"{r['plan_in_place_us']:.1f}" if "plan_in_place_us" in r else "-"),
+    ("forward us", lambda r: f"{r['us']:.1f}"),
+    ("kernels us", lambda r: f"{r['kernels_us']:.1f}"),
+    ("warm us", lambda r: f"{r['kernels_warm_us']:.1f}" if "kernels_warm_us" in r else "-"),
+    ("fwd/kern", lambda r: "-" if r.get("forward_over_kernels") is None
+     else f"{r['forward_over_kernels']:.2f}"),
+    ("step us", lambda r: f"{r['step_us']:.1f}"),
+    ("method", lambda r: r["timing"]["method"]),
+    ("= ref", lambda r: "-" if r.get("rows_equal_reference") is None
+     else f"{100 * r['rows_equal_reference']:.0f}%"),
+]
 
 
 SUITE_COLS = {"decode-full": DECODE_COLS, "decode-lowlat": DECODE_COLS,
               "decode-variants": DECODE_COLS, "prefill": PREFILL_COLS,
-              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": _engine_cols()}
+              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": ENGINE_COLS}
 TITLES = {
     "decode-full": "Decode, full suite (Q8KV4 + fused top-k; 28 weighted cases)",
     "decode-lowlat": "Decode, low-latency suite (graph-replay latency per call)",
@@ -157,7 +166,7 @@ def rows(suite: str, recs: list[dict]) -> tuple[list[str], list[list[str]], list
 
 
 def summary_lines(suite: str, summary: dict, results: dict) -> list[str]:
-    """Plain-language summary of a suite with the issue-6 targets next to the numbers."""
+    """Plain-language summary of a suite with its targets next to the numbers."""
     out = [f"{summary.get('ok', 0)}/{summary.get('cases', 0)} cases ok"
            + (f", {summary['errors']} errors" if summary.get("errors") else "")
            + (f", {summary['skipped']} skipped" if summary.get("skipped") else "")]

@@ -40,18 +40,25 @@ PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_pt
                      bt_ptr="*i32", bt_row_stride="i32", tbl_ptr="*i64", cache_blocks="i32")
 
 
-def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_stages: int,
-             maxnreg: int | None, arch: int = 90):
+def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int,
+             num_stages: int | None, maxnreg: int | None, arch: int = 90, gluon: bool = False):
+    """``triton.compile`` of a Triton (or ``gluon``) kernel for ``sm_<arch>``: ``consts`` as
+    constexprs, the other arguments typed by ``types``, ``aligned`` arguments specialized as
+    the launcher sees them at run time (16-byte aligned pointers, ints divisible by 16)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
-    # what the launcher specializes at run time: 16-byte aligned pointers, ints divisible by 16
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    opts = dict(num_warps=num_warps, num_stages=num_stages)
+    opts = {"num_warps": num_warps}
+    if num_stages is not None:
+        opts["num_stages"] = num_stages
     if maxnreg is not None:
         opts["maxnreg"] = maxnreg
-    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+    return triton.compile(Source(fn, sig, constexprs=consts, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
@@ -108,15 +115,12 @@ WGMMA_TYPES = dict(q_ptr="*u8", q_row_stride="i64", q_head_stride="i64", cache_p
                    page_stride16="i64", num_blocks="i32", bt_ptr="*i32", bt_stride="i64",
                    width="i32", seq_lens_ptr="*i32", tbl_ptr="*i64", scores_ptr="*fp32",
                    num_reqs="i32", num_programs="i32")
+WGMMA_ALIGNED = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
 
 
 def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
     """The Gluon wgmma decode score kernel (``triton.wgmma_scorer``) for SM90, specialized as
     a launch on an aligned cache with the default page stride gets it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from nvfp4_indexer.triton.decode import block_rows
     from nvfp4_indexer.triton.decode_wgmma import gluon_layouts
     from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
@@ -124,12 +128,8 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
     cl, mma, ql, b_sl = gluon_layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql,
                   B_SL=b_sl)
-    fn = wgmma_score_kernel
-    sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return _compile(wgmma_score_kernel, WGMMA_TYPES, consts, WGMMA_ALIGNED, 4, None, None,
+                    gluon=True)
 
 
 def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0):
@@ -138,8 +138,6 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
     ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache gets it (the
     page stride is never specialized: 16-byte code copies at any stride)."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from nvfp4_indexer.triton.decode import block_rows
     from nvfp4_indexer.triton.decode_wgmma import mma_layouts
@@ -149,13 +147,8 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
     cl, mma, ql, scl = mma_layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
                   CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES, LAB=lab)
-    fn = mma_score_kernel
-    sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    opts = {"num_warps": 1, "maxnreg": MMA_MAXNREG if maxnreg is None else maxnreg}
-    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", arch, 32), options=opts)
+    return _compile(mma_score_kernel, WGMMA_TYPES, consts, WGMMA_ALIGNED, 1, None,
+                    MMA_MAXNREG if maxnreg is None else maxnreg, arch, gluon=True)
 
 
 def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None,
@@ -164,8 +157,6 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
     with the launcher's constexprs (``WGFLAT_STAGES`` / ``WGFLAT_ASYNC`` unless given),
     specialized as a launch on a 16-byte aligned cache gets it."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from nvfp4_indexer.triton.decode import block_rows
     from nvfp4_indexer.triton.decode_wgmma import wgflat_layouts
@@ -178,13 +169,8 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async
                   STAGES=WGFLAT_STAGES if stages is None else stages,
                   ASYNC=(WGFLAT_ASYNC_FP8 if fp8 else WGFLAT_ASYNC) if async_ is None else async_,
                   LAB=lab, FP8=int(fp8))
-    fn = wgflat_score_kernel
-    sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
-    aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    opts = {"num_warps": 4} if maxnreg is None else {"num_warps": 4, "maxnreg": maxnreg}
-    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options=opts)
+    return _compile(wgflat_score_kernel, WGMMA_TYPES, consts, WGMMA_ALIGNED, 4, None, maxnreg,
+                    gluon=True)
 
 
 def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False,
@@ -193,10 +179,6 @@ def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False
     ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128); ``direct``:
     ``prefill_wgmma_direct_kernel`` (pages read from the cache; aligned cache); ``fp8``: its
     E4M3-operand form (dot "fp8")."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from nvfp4_indexer.triton.prefill_wgmma import (NUM_BUFFERS, launch_options,
                                                     prefill_wgmma_direct_kernel,
                                                     prefill_wgmma_kernel)
@@ -212,11 +194,8 @@ def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False
     else:
         consts["WS16"] = 0
         consts.setdefault("FP8", 0)
-    sig = {n: "constexpr" if n in consts else PREFILL_TYPES[n] for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
-             for n in ("q_ptr", "cache_ptr" if direct else "ws_ptr")}
-    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return _compile(fn, PREFILL_TYPES, consts, ("q_ptr", "cache_ptr" if direct else "ws_ptr"),
+                    num_warps, None, None, gluon=True)
 
 
 def prefill_wgmma_report() -> list[str]:
@@ -250,6 +229,18 @@ def prefill_wgmma_report() -> list[str]:
     return lines
 
 
+def _scorer_head(name: str, q_len: int, heads: int, st: dict) -> str:
+    """The start of a decode scorer's report line: shape, registers, local bytes."""
+    return (f"{name} Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
+            f"{st['registers']} registers, {st['local_bytes']} B local, ")
+
+
+def _cp_async_shared(k) -> str:
+    ptx = k.asm["ptx"]
+    return (f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
+            f"{k.metadata.shared} B shared")
+
+
 def mma_report(arch: int = 90) -> list[str]:
     """One line per (Q, H) of the Gluon mma decode scorer compiled for ``sm_<arch>``:
     registers, local bytes, LDL/STL (spill) instructions, the page loop's SASS instructions,
@@ -261,14 +252,11 @@ def mma_report(arch: int = 90) -> list[str]:
         # the page loop is the innermost big loop: the request loop around it is larger
         page_n, page_spills = min((n, sp) for (n, _), sp in zip(st["loops"], st["loop_spills"])
                                   if n >= 256)
-        ptx = k.asm["ptx"]
-        lines.append(f"mma sm_{arch} Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
-                     f"{st['registers']} registers, {st['local_bytes']} B local, "
-                     f"{st['spill_ops']} LDL/STL ({page_spills} in the page loop), page loop "
+        lines.append(_scorer_head(f"mma sm_{arch}", q_len, heads, st)
+                     + f"{st['spill_ops']} LDL/STL ({page_spills} in the page loop), page loop "
                      f"body {page_n} SASS instructions, "
-                     f"{ptx.count('mma.sync.aligned')} mma.sync, "
-                     f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
-                     f"{k.metadata.shared} B shared")
+                     f"{k.asm['ptx'].count('mma.sync.aligned')} mma.sync, "
+                     + _cp_async_shared(k))
     return lines
 
 
@@ -282,25 +270,17 @@ def wgflat_report() -> list[str]:
         st = sass_stats(k)
         group_n, hg, group_spills = min((n, hg, sp) for (n, hg), sp
                                         in zip(st["loops"], st["loop_spills"]) if hg)
-        ptx = k.asm["ptx"]
-        lines.append(f"wgflat  Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
-                     f"{st['registers']} registers, {st['local_bytes']} B local, "
-                     f"{st['spill_ops']} LDL/STL ({group_spills} in the group loop), group "
+        lines.append(_scorer_head("wgflat ", q_len, heads, st)
+                     + f"{st['spill_ops']} LDL/STL ({group_spills} in the group loop), group "
                      f"loop body {group_n} SASS instructions with {hg} HGMMA, "
-                     f"{ptx.count('wgmma.mma_async')} wgmma, "
-                     f"{ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} cp.async, "
-                     f"{k.metadata.shared} B shared")
+                     f"{k.asm['ptx'].count('wgmma.mma_async')} wgmma, "
+                     + _cp_async_shared(k))
     return lines
 
 
 def _compile_gluon(fn, types: dict, consts: dict, num_warps: int, arch: int):
     """A Gluon kernel for ``sm_<arch>`` with no value or alignment specialization."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
-    return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs={}),
-                          target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    return _compile(fn, types, consts, (), num_warps, None, None, arch, gluon=True)
 
 
 SELECT_TYPES = dict(scores_ptr="*fp32", seq_lens_ptr="*i32", width="i32", out_ptr="*i32")
@@ -326,45 +306,39 @@ def redux_select_report(arch: int = 90) -> list[str]:
     from nvfp4_indexer.triton.decode import _decode_merge_kernel
     from nvfp4_indexer.triton.decode_wgmma import _select_wide_kernel
     from nvfp4_indexer.triton.redux_select import redux_merge_kernel
-    lines = []
-    for k in (1, 4, 8, 16, 32):
-        ker = compile_redux_select(k=k, arch=arch)
-        st = sass_stats(ker)
-        redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))  # sm_100: CREDUX
-        lines.append(f"redux_select sm_{arch} K {k:2d}: {st['registers']} registers, "
-                     f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
-                     f"{redux} REDUX")
-    for c in (64, 512):
-        ker = _compile_gluon(redux_merge_kernel, MERGE_TYPES,
-                             dict(Q=8, H=4, BLOCK_M=32, C=c, K=c // 32, ROWS=4), 4, arch)
-        st = sass_stats(ker)
-        redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))
-        lines.append(f"redux_merge sm_{arch} C {c:3d}: {st['registers']} registers, "
-                     f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
-                     f"{redux} REDUX")
     from nvfp4_indexer.triton.redux_select import redux_select_split_kernel
-    for k, s in ((8, 4), (16, 4), (16, 8), (32, 8)):  # W <= 1024, 2048, 4096, 8192
-        ker = _compile_gluon(redux_select_split_kernel, SELECT_TYPES,
-                             dict(Q=8, H=4, N=32, K=k, S=s, ROWS=1), s, arch)
-        st = sass_stats(ker)
-        redux = len(re.findall(r"\bC?REDUX\b", sass_text(ker)))
-        lines.append(f"redux_select_split sm_{arch} K {k:2d} S {s}: {st['registers']} "
-                     f"registers, {st['spill_ops']} LDL/STL, {st['instructions']} SASS "
-                     f"instructions, {redux} REDUX")
+    kernels = [(f"redux_select sm_{arch} K {k:2d}", compile_redux_select(k=k, arch=arch))
+               for k in (1, 4, 8, 16, 32)]
+    kernels += [(f"redux_merge sm_{arch} C {c:3d}",
+                 _compile_gluon(redux_merge_kernel, MERGE_TYPES,
+                                dict(Q=8, H=4, BLOCK_M=32, C=c, K=c // 32, ROWS=4), 4, arch))
+                for c in (64, 512)]
+    kernels += [(f"redux_select_split sm_{arch} K {k:2d} S {s}",
+                 _compile_gluon(redux_select_split_kernel, SELECT_TYPES,
+                                dict(Q=8, H=4, N=32, K=k, S=s, ROWS=1), s, arch))
+                for k, s in ((8, 4), (16, 4), (16, 8), (32, 8))]  # W <= 1024 .. 8192
+    lines = [_count_line(label, ker, r"\bC?REDUX\b", "REDUX")  # sm_100: CREDUX
+             for label, ker in kernels]
     wide = _compile(_select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
                     1, None, arch)
-    st = sass_stats(wide)
-    lines.append(f"wide select sm_{arch} W 128 (1 warp): {st['registers']} registers, "
-                 f"{st['instructions']} SASS instructions, "
-                 f"{len(re.findall(r'SHFL', sass_text(wide)))} SHFL")
+    lines.append(_count_line(f"wide select sm_{arch} W 128 (1 warp)", wide, "SHFL", "SHFL",
+                             spills=False))
     merge = _compile(_decode_merge_kernel, MERGE_TYPES,
                      dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=10, SPLITS_PAD=16, ROWS=1, KEEP=4,
                           PDL=False), (), 1, 1, None, arch)
-    st = sass_stats(merge)
-    lines.append(f"triton merge sm_{arch} 10 x 4 (64 padded candidates, 1 warp): "
-                 f"{st['registers']} registers, {st['instructions']} SASS instructions, "
-                 f"{len(re.findall(r'SHFL', sass_text(merge)))} SHFL")
+    lines.append(_count_line(f"triton merge sm_{arch} 10 x 4 (64 padded candidates, 1 warp)",
+                             merge, "SHFL", "SHFL", spills=False))
     return lines
+
+
+def _count_line(label: str, kernel, pattern: str, name: str, spills: bool = True) -> str:
+    """``label: R registers[, S LDL/STL], I SASS instructions, N name`` (N: SASS lines
+    matching ``pattern``)."""
+    st = sass_stats(kernel)
+    n = len(re.findall(pattern, sass_text(kernel)))
+    return (f"{label}: {st['registers']} registers, "
+            + (f"{st['spill_ops']} LDL/STL, " if spills else "")
+            + f"{st['instructions']} SASS instructions, {n} {name}")
 
 
 def wgmma_report() -> list[str]:
@@ -375,9 +349,8 @@ def wgmma_report() -> list[str]:
         st = sass_stats(k)
         page = [n for n, hg in st["loops"] if hg]
         ptx = k.asm["ptx"]
-        lines.append(f"wgmma   Q{q_len} H{heads} N {'%2d' % max(16, q_len * heads)}: "
-                     f"{st['registers']} registers, {st['local_bytes']} B local, "
-                     f"{st['spill_ops']} LDL/STL, page loop "
+        lines.append(_scorer_head("wgmma  ", q_len, heads, st)
+                     + f"{st['spill_ops']} LDL/STL, page loop "
                      f"body {page} SASS instructions, {ptx.count('wgmma.mma_async')} wgmma, "
                      f"{ptx.count('prmt.b32')} prmt in the PTX")
     return lines
@@ -444,13 +417,18 @@ def _tool(name: str) -> str:
     return hits[0]
 
 
-def sass_text(kernel) -> str:
-    """The SASS of a compiled kernel (``nvdisasm`` of its cubin)."""
+def _on_cubin(kernel, tool: str, *args: str) -> str:
+    """stdout of Triton's bundled ``tool`` run on the kernel's cubin (a temporary file)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        return subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
+        return subprocess.run([_tool(tool), *args, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def sass_text(kernel) -> str:
+    """The SASS of a compiled kernel (``nvdisasm`` of its cubin)."""
+    return _on_cubin(kernel, "nvdisasm", "-c")
 
 
 def wgmma_serialized(kernel) -> bool:
@@ -474,11 +452,7 @@ def sass_stats(kernel) -> dict:
     ``LOCAL``, which stays 0 when ptxas spills (spills go to ``STACK``): ``spill_ops`` is the
     spill check."""
     sass = sass_text(kernel)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
+    usage = _on_cubin(kernel, "cuobjdump", "--dump-resource-usage")
     lines = sass.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines)
               if (m := re.match(r"^(\.L_x_\d+):", ln))}
@@ -509,51 +483,34 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=None, help="WINDOW (default: 64 and 1)")
     ap.add_argument("--maxnreg", type=int, default=None)
     ap.add_argument("--dequant", default="ptx", help="decode DEQUANT constexpr")
-    ap.add_argument("--elementwise", action="store_true",
-                    help="the gather and insert kernels instead of the score kernels")
-    ap.add_argument("--wgmma", action="store_true",
-                    help="the Gluon wgmma decode scorer (decode dequant 'wgmma')")
-    ap.add_argument("--wgflat", action="store_true",
-                    help="the Gluon page-per-warp wgmma decode scorer (wgflat_scorer)")
-    ap.add_argument("--mma", action="store_true",
-                    help="the Gluon warp-per-split decode scorer (decode dequant 'mma')")
-    ap.add_argument("--arch", type=int, default=90, help="--mma target (89, 90, 100)")
-    ap.add_argument("--prefill-wgmma", action="store_true",
-                    help="the Gluon prefill score kernel (prefill_wgmma)")
-    ap.add_argument("--redux-select", action="store_true",
-                    help="the Gluon select kernel of the page-score paths (redux_select)")
-    ap.add_argument("--merge", action="store_true",
-                    help="the prefill merge kernel: 15 rounds against the bitonic top-16")
+    # flag -> (help, report(arch)); the first flag given (in this order) picks the report
+    reports = {
+        "merge": ("the prefill merge kernel: 15 rounds against the bitonic top-16",
+                  lambda arch: merge_report()),
+        "redux-select": ("the Gluon select kernel of the page-score paths (redux_select)",
+                         redux_select_report),
+        "wgflat": ("the Gluon page-per-warp wgmma decode scorer (wgflat_scorer)",
+                   lambda arch: wgflat_report()),
+        "wgmma": ("the Gluon wgmma decode scorer (decode dequant 'wgmma')",
+                  lambda arch: wgmma_report()),
+        "prefill-wgmma": ("the Gluon prefill score kernel (prefill_wgmma)",
+                          lambda arch: prefill_wgmma_report()),
+        "mma": ("the Gluon warp-per-split decode scorer (decode dequant 'mma')", mma_report),
+        "elementwise": ("the gather and insert kernels instead of the score kernels",
+                        lambda arch: elementwise_report()),
+    }
+    for flag, (text, _) in reports.items():
+        ap.add_argument(f"--{flag}", action="store_true", help=text)
+    ap.add_argument("--arch", type=int, default=90,
+                    help="--mma / --redux-select target (89, 90, 100)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sass_stats: unset TRITON_INTERPRET (it compiles for a real target)")
         return 2
-    if args.merge:
-        for line in merge_report():
-            print(line, flush=True)
-        return 0
-    if args.redux_select:
-        for line in redux_select_report(args.arch):
-            print(line, flush=True)
-        return 0
-    if args.wgflat:
-        for line in wgflat_report():
-            print(line)
-        return 0
-    if args.wgmma:
-        for line in wgmma_report():
-            print(line, flush=True)
-        return 0
-    if args.prefill_wgmma:
-        for line in prefill_wgmma_report():
-            print(line, flush=True)
-        return 0
-    if args.mma:
-        for line in mma_report(args.arch):
-            print(line, flush=True)
-        return 0
-    if args.elementwise:
-        for line in elementwise_report():
+    chosen = next((r for flag, (_, r) in reports.items()
+                   if getattr(args, flag.replace("-", "_"))), None)
+    if chosen is not None:
+        for line in chosen(args.arch):
             print(line, flush=True)
         return 0
     windows = (args.window,) if args.window else (64, 1)

@@ -33,19 +33,20 @@ import torch
 from . import workloads as wl
 from .context import Context
 from .decode_suite import decode_case
+from .engine_suite import engine_case
 from .gather_suite import gather_case, gather_slots
 from .insert_suite import insert_case
 from .prefill_suite import prefill_case
-from .timing import rotation_slots, time_host
+from .timing import rotation_slots
 
-# Issue 6 targets, reported next to the measurements (the tool measures; it does not gate).
+# Targets, reported next to the measurements (the tool measures; it does not gate).
 TARGET_DECODE_WEIGHTED = 0.85
 TARGET_DECODE_BIG_CASE = wl.TARGET_DECODE_BIG_CASE
 TARGET_LOWLAT_US = 6.0
 TARGET_LOWLAT_CASE = "b1_s32000_q8_h4"
 TARGET_PREFILL_MATMUL = 0.50
 TARGET_COPY_GATHER_INSERT = 0.80
-# issue 14 (engine steps): plan host time of decode-only / mixed steps, mixed forward / kernels
+# Engine steps: plan host time of decode-only / mixed steps, mixed forward / kernels
 TARGET_ENGINE_DECODE_PLAN_US = 30.0
 TARGET_ENGINE_MIXED_PLAN_US = 100.0
 TARGET_ENGINE_MIXED_OVER_KERNELS = 1.10
@@ -87,22 +88,21 @@ def run_suite(ctx: Context, suite: str, cases: list, fn: Callable) -> list[dict]
     return recs
 
 
+def _shares(rec: dict, first: tuple[str, str], second: tuple[str, str]) -> str:
+    """`` (a% first[, b% second])`` of the record's ratios; empty when ``first`` is absent."""
+    shown = [f"{100 * rec[k]:.0f}% {label}" for k, label in (first, second)
+             if rec.get(k) is not None]
+    return f" ({', '.join(shown)})" if rec.get(first[0]) is not None else ""
+
+
 def one_line(rec: dict) -> str:
     if rec.get("status") != "ok":
         return rec.get("status", "?")
     s = f"{rec['us']:.2f} us, {rec['gbps']:.0f} GB/s"
-    if rec.get("copy_ratio") is not None:
-        s += f" ({100 * rec['copy_ratio']:.0f}% copy"
-        if rec.get("mix_ratio") is not None:
-            s += f", {100 * rec['mix_ratio']:.0f}% mix"
-        s += ")"
+    s += _shares(rec, ("copy_ratio", "copy"), ("mix_ratio", "mix"))
     if rec.get("tflops"):
         s += f", {rec['tflops']:.1f} TFLOP/s"
-        if rec.get("matmul_ratio") is not None:
-            s += f" ({100 * rec['matmul_ratio']:.0f}% fp8 mm"
-            if rec.get("mm16_ratio") is not None:
-                s += f", {100 * rec['mm16_ratio']:.0f}% 16-bit mm"
-            s += ")"
+        s += _shares(rec, ("matmul_ratio", "fp8 mm"), ("mm16_ratio", "16-bit mm"))
     if rec.get("speedup"):
         s += f", {rec['speedup']:.1f}x vs reference"
     s += f" [{rec['timing']['method']}, {rec['wall_s']:.1f}s]"
@@ -197,26 +197,19 @@ SUITE_ORDER = ("decode-full", "decode-lowlat", "prefill", "gather", "insert", "d
                "engine")
 
 
-def _engine_case(ctx: Context, case) -> dict:
-    from .engine_suite import engine_case
-    return engine_case(ctx, case)
-
-
 SUITE_FUNCS = {"decode-full": decode_case, "decode-lowlat": decode_case,
                "decode-variants": decode_case, "prefill": prefill_case,
-               "gather": gather_case, "insert": insert_case, "engine": _engine_case}
+               "gather": gather_case, "insert": insert_case, "engine": engine_case}
 
 
 def suite_cases(suite: str, *, quick: bool, smoke: bool) -> list:
     """The cases of ``suite`` for this mode (WORKLOADS.md sizes; tiny ones in smoke)."""
     if smoke:
         return wl.smoke_cases()[suite]
-    if suite == "engine":
-        from . import engine_suite as es
-        return es.quick_cases() if quick else es.engine_cases()
     cases = {"decode-full": wl.full_cases, "decode-lowlat": wl.lowlat_cases,
              "decode-variants": wl.variant_cases, "prefill": wl.prefill_cases,
-             "gather": wl.prefill_cases, "insert": wl.insert_cases}[suite]()
+             "gather": wl.prefill_cases, "insert": wl.insert_cases,
+             "engine": wl.engine_cases}[suite]()
     return wl.quick_filter(cases, suite) if quick else cases
 
 

@@ -357,20 +357,22 @@ def _scaled_mm(a, b, scale_a, scale_b, fast_accum: bool):
 
 # Interleaved timing rounds of the matmul ceilings on CUDA (each variant's best is kept): one
 # round per variant gave 657 then 763 TFLOP/s for the same fp16 matmul minutes apart on one
-# H200 (docs/benchmarks.md, issue 15, tenth step); the GPU's clocks settle while it runs.
+# H200; the GPU's clocks settle while it runs.
 MATMUL_ROUNDS = 3
 
 
 def _matmul_rates(fns: dict, n: int, device: torch.device, make_fallback,
-                  rounds: int | None = None) -> dict:
+                  rounds: int | None = None, time_fn: Callable[..., Timing] | None = None) -> dict:
     """Time each ``fns[key]()`` (an [n, n] matmul; checked for shape and finite values first)
     as a ceiling, in ``rounds`` interleaved rounds (every variant once per round; default
     ``MATMUL_ROUNDS`` on CUDA, 1 on CPU), keeping each variant's fastest round; a variant that
     raises is recorded with its error. Returns ``{"m", "n", "k", "variants", "best", "tflops",
     "stand_in"}`` with the fastest variant (each variant also lists ``rounds_tflops``); on
     CPU, when none ran, ``make_fallback()()`` (an fp32 matmul) stands in, marked
-    ``stand_in``."""
+    ``stand_in``. ``time_fn(fn, device, calls, replays) -> Timing`` times one round
+    (default: the ceiling protocol)."""
     flops = 2 * n ** 3
+    time_fn = time_fn or _time_ceiling
     rounds = rounds or (MATMUL_ROUNDS if device.type == "cuda" else 1)
     results, timed = {}, {}  # timed: key -> its Timing per round
     for key, fn in fns.items():
@@ -384,7 +386,7 @@ def _matmul_rates(fns: dict, n: int, device: torch.device, make_fallback,
     for _ in range(rounds):
         for key in list(timed):
             try:
-                timed[key].append(_time_ceiling(fns[key], device, calls=5, replays=10))
+                timed[key].append(time_fn(fns[key], device, calls=5, replays=10))
             except Exception as e:  # noqa: BLE001 - a later round's failure keeps the earlier
                 if not timed[key]:
                     results[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}

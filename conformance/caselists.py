@@ -95,20 +95,23 @@ def write_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
 NAN_CASES = 1
 
 
+def _with_nan_edges(kind: str, build, build_nan, profile: G.Profile, seed: int,
+                    device) -> Iterator[G.Case]:
+    """``profile.insert_cases`` random ``kind`` cases, then ``NAN_CASES`` NaN / inf edges."""
+    yield from _paged(build, kind, profile.insert_cases, profile, seed, device)
+    for i in range(NAN_CASES):
+        rng, s = _rng(seed, f"{kind}-nan", i)
+        yield build_nan(rng, profile, f"{kind}/nan/{i:03d}", s, device=device)
+
+
 def insert_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
     """Random fused inserts, then NaN / inf edges (``generator.nan_insert_case``)."""
-    yield from _paged(G.insert_case, "insert", profile.insert_cases, profile, seed, device)
-    for i in range(NAN_CASES):
-        rng, s = _rng(seed, "insert-nan", i)
-        yield G.nan_insert_case(rng, profile, f"insert/nan/{i:03d}", s, device=device)
+    yield from _with_nan_edges("insert", G.insert_case, G.nan_insert_case, profile, seed, device)
 
 
 def query_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
     """Random query prepares, then NaN / inf edges (``generator.nan_query_case``)."""
-    yield from _paged(G.query_case, "query", profile.insert_cases, profile, seed, device)
-    for i in range(NAN_CASES):
-        rng, s = _rng(seed, "query-nan", i)
-        yield G.nan_query_case(rng, profile, f"query/nan/{i:03d}", s, device=device)
+    yield from _with_nan_edges("query", G.query_case, G.nan_query_case, profile, seed, device)
 
 
 def gather_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:

@@ -68,23 +68,16 @@ def case_to_arrays(case: Case, expected: dict | None, prefix: str = "") -> tuple
     arrays: dict[str, np.ndarray] = {}
     spec: dict[str, Any] = {"op": case.op, "name": case.name, "seed": int(case.seed),
                             "meta": _plain(case.meta), "inputs": {}, "expected": None}
+
+    def array_spec(key: str, v: torch.Tensor) -> dict:
+        a, dt = tensor_to_numpy(v)
+        arrays[key] = a
+        return {"array": key, "dtype": dt, "shape": list(a.shape), "sha256": sha256_array(a)}
     for k, v in case.inputs.items():
-        if isinstance(v, torch.Tensor):
-            a, dt = tensor_to_numpy(v)
-            key = f"{prefix}in.{k}"
-            arrays[key] = a
-            spec["inputs"][k] = {"array": key, "dtype": dt, "shape": list(a.shape),
-                                 "sha256": sha256_array(a)}
-        else:
-            spec["inputs"][k] = {"value": _plain(v)}
+        spec["inputs"][k] = (array_spec(f"{prefix}in.{k}", v) if isinstance(v, torch.Tensor)
+                             else {"value": _plain(v)})
     if expected is not None:
-        spec["expected"] = {}
-        for k, v in expected.items():
-            a, dt = tensor_to_numpy(v)
-            key = f"{prefix}exp.{k}"
-            arrays[key] = a
-            spec["expected"][k] = {"array": key, "dtype": dt, "shape": list(a.shape),
-                                   "sha256": sha256_array(a)}
+        spec["expected"] = {k: array_spec(f"{prefix}exp.{k}", v) for k, v in expected.items()}
     return arrays, spec
 
 

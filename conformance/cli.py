@@ -21,12 +21,14 @@ import sys
 import time
 
 SUBCOMMANDS = ("run", "replay", "golden", "list")
+MODULE_CMD = f"python -m {__package__}"  # this harness's command line, under any package name
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="reference",
-                   help="reference | triton | triton-fp8 | module:attr (a conformance.Backend or a factory "
-                        "of one; see docs/conformance.md). Default: reference")
+                   help="reference | triton | triton-fp8 | module:attr (a Backend of this "
+                        "harness or a factory of one; see docs/conformance.md). Default: "
+                        "reference")
     p.add_argument("--device", default=None,
                    help="device of the backend's tensors (default: cuda for triton when "
                         "available, else cpu)")
@@ -45,6 +47,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
 
 
+def _outputs(p: argparse.ArgumentParser) -> None:
+    """Files a run or a verify may write besides its report."""
+    p.add_argument("--save-failures", default=None, metavar="DIR",
+                   help="save every failing case as DIR/<case>.npz + .json")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="also write a markdown record (date, GPU, commit, table) to FILE")
+
+
 def _seed(text: str) -> int:
     """argparse type of ``--seed``: a non-negative integer (numpy's generators need one)."""
     try:
@@ -56,14 +66,17 @@ def _seed(text: str) -> int:
     return val
 
 
-def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
+def build_parser(prog: str = MODULE_CMD) -> argparse.ArgumentParser:
     """The harness's parser; ``prog`` names it in usage lines (``nvfp4-indexer conformance``
     or ``nvfp4-indexer`` when mounted, so that ``golden`` reads ``nvfp4-indexer golden``)."""
     ap = argparse.ArgumentParser(
-        prog=prog,
-        description="Conformance harness of nvfp4_indexer (SPEC 9): random paged engine "
-                    "states, bit-exact and tie-aware checks, CUDA-graph replays, golden "
-                    "vectors.")
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Conformance harness of nvfp4_indexer (SPEC 9): random paged engine\n"
+                    "states, bit-exact and tie-aware checks, CUDA-graph replays, golden vectors.",
+        epilog="quick run (CI sizes, minutes on 2 CPU cores; 'run' is the default subcommand):\n"
+               "  %(prog)s --smoke\n"
+               "  %(prog)s --smoke --backend triton --interpret\n"
+               "all options of a subcommand: %(prog)s run --help")
     sub = ap.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="generate seeded cases and check a backend")
@@ -81,10 +94,7 @@ def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
                      help="comma-separated checks to run (default: all; see 'list')")
     run.add_argument("--case", default=None, metavar="GLOB",
                      help="only cases whose name matches, e.g. 'decode/ties/*'")
-    run.add_argument("--save-failures", default=None, metavar="DIR",
-                     help="save every failing case as DIR/<case>.npz + .json")
-    run.add_argument("--record", default=None, metavar="FILE",
-                     help="also write a markdown record (date, GPU, commit, table) to FILE")
+    _outputs(run)
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("replay", help="run a saved case file on a backend")
@@ -98,7 +108,7 @@ def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
     gold = sub.add_parser("golden", help="write or verify golden vectors")
     gsub = gold.add_subparsers(dest="golden_command", required=True)
     gw = gsub.add_parser("write", help="write a golden set (reference outputs)")
-    gw.add_argument("dir", help="output directory (e.g. conformance/golden/v1)")
+    gw.add_argument("dir", help="output directory (e.g. /tmp/golden)")
     gw.add_argument("--seed", type=_seed, default=None, help="generator seed")
     gw.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     gw.add_argument("--force", action="store_true",
@@ -107,14 +117,13 @@ def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
     gv = gsub.add_parser("verify", help="check a backend against a golden set")
     _common(gv)
     gv.add_argument("dir", nargs="?", default=None,
-                    help="golden directory (default: the in-repo set, conformance/golden/v1)")
+                    help="golden directory (default: the shipped set, golden/v1 in this package)")
     gv.add_argument("--oracle", dest="oracle", action="store_true", default=None,
                     help="also require the reference to reproduce every stored array bit for "
                          "bit (default with --backend reference)")
     gv.add_argument("--no-oracle", dest="oracle", action="store_false")
     gv.add_argument("--case", default=None, metavar="GLOB", help="only matching cases")
-    gv.add_argument("--save-failures", default=None, metavar="DIR")
-    gv.add_argument("--record", default=None, metavar="FILE")
+    _outputs(gv)
     gv.set_defaults(func=cmd_golden_verify)
 
     ls = sub.add_parser("list", help="list checks, profiles and distributions")
@@ -122,7 +131,7 @@ def build_parser(prog: str = "conformance") -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv=None, prog: str = "conformance") -> int:
+def main(argv=None, prog: str = MODULE_CMD) -> int:
     """Entry point; ``argv`` without the program name, ``prog`` the name usage lines show.
     Returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -151,7 +160,7 @@ def _enable_interpreter() -> None:
     """TRITON_INTERPRET=1 must be set before kernels are defined (``@triton.jit`` reads it)."""
     already = [m for m in sys.modules if m.startswith("nvfp4_indexer.triton.")]
     if already and os.environ.get("TRITON_INTERPRET") != "1":
-        print("conformance: warning: Triton kernels were imported before --interpret; set "
+        print(f"{__package__}: warning: Triton kernels were imported before --interpret; set "
               "TRITON_INTERPRET=1 in the environment instead", file=sys.stderr)
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -215,6 +224,12 @@ def _finish(args, command, results, backend, started, *, profile=None, seed=None
     return 0 if ok else 1
 
 
+def _rerun(args, command: str, options: str = "") -> str:
+    """The command line that reruns one case (``{case}``: its name) of this run."""
+    interp = " --interpret" if args.interpret else ""
+    return f"{MODULE_CMD} {command} --backend {args.backend}{interp}{options} --case '{{case}}'"
+
+
 def cmd_run(args) -> int:
     from .generator import PROFILES
     from .report import Progress
@@ -231,9 +246,7 @@ def cmd_run(args) -> int:
                             on_result=prog.case, on_check=prog.check)
     title = (f"conformance run: backend={backend.name} device={backend.device} "
              f"profile={args.profile} seed={args.seed}")
-    interp = " --interpret" if args.interpret else ""
-    rerun = (f"python -m conformance run --backend {args.backend}{interp} --profile "
-             f"{args.profile} --seed {args.seed} --case '{{case}}'")
+    rerun = _rerun(args, "run", f" --profile {args.profile} --seed {args.seed}")
     return _finish(args, "run", results, backend, started, profile=args.profile,
                    seed=args.seed, title=title, rerun=rerun)
 
@@ -302,9 +315,7 @@ def cmd_golden_verify(args) -> int:
         raise _UsageError(str(e)) from e
     title = (f"golden verify {directory} (SPEC {manifest['spec_version']}, seed "
              f"{manifest['generator']['seed']}): backend={backend.name} device={backend.device}")
-    interp = " --interpret" if args.interpret else ""
-    rerun = (f"python -m conformance golden verify {directory} --backend {args.backend}"
-             f"{interp} --case '{{case}}'")
+    rerun = _rerun(args, f"golden verify {directory}")
     return _finish(args, "golden-verify", results, backend, started,
                    seed=manifest["generator"]["seed"], title=title,
                    extra={"golden_dir": directory, "oracle": oracle}, rerun=rerun)

@@ -27,7 +27,7 @@ from . import generator as G
 from .backends import Backend
 from .fixtures import OUT_POISON, cache_view, poisoned_storage, selection_out
 from .oracles import mixed_oracle, mixed_qsl
-from .results import CaseResult, Skip
+from .results import CaseResult, Skip, skip_unimplemented
 from .runners import judge_selection
 
 #: Trace sizes per profile: (steps, heads, max_decode_query_len, max_model_len,
@@ -83,18 +83,13 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
                               cudagraph_batch_sizes=graph_sizes, device=dev)
     results: list[CaseResult] = []
 
-    def result(step):
+    def result(step, **kw):
         return CaseResult(check="engine", op="engine", case=f"{name}/step-{step:03d}",
-                          seed=seed, rows=0)
+                          seed=seed, rows=0, **kw)
     try:
-        try:
-            indexer = _make_indexer(backend, config)
-        except NotImplementedError as e:
-            raise Skip(f"make_indexer: {e}") from e
+        indexer = skip_unimplemented("make_indexer", _make_indexer, backend, config)
     except Skip as e:
-        r = result(0)
-        r.skipped = str(e)
-        return [r]
+        return [result(0, skipped=str(e))]
     use_graph = dev.type == "cuda" and backend.capturable and \
         getattr(indexer, "backend", "triton") == "triton"
 
@@ -132,7 +127,7 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
     for step in range(steps):
         res = result(step)
         t0 = time.perf_counter()
-        # Arrivals in bursts (every 4th step; the first admits max_num_seqs - 1): cached
+        # Arrivals in bursts (one step in four; the first admits max_num_seqs - 1): cached
         # context (written now: a prefix-cache hit) and new tokens to prefill.
         burst = step % 4 == 0
         room = max_seqs - (step == 0)  # leave a seat for a later arrival (a mixed step)
@@ -219,22 +214,15 @@ def engine_trace(backend: Backend, profile: G.Profile, seed: int, name: str, *,
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             got = out_buf.detach().cpu()
-        except NotImplementedError as e:
-            res.skipped = f"engine: NotImplementedError: {e}"
-            results.append(res)
-            break
         except Exception as e:  # plan/forward/capture raised
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected="no exception",
-                     got=f"{e.__class__.__name__}: {e}",
-                     detail=f"engine step {step} ({kind}, nd={nd}, Q={q}) raised")
+            res.raised(e, "engine", max_failures,
+                       f"engine step {step} ({kind}, nd={nd}, Q={q}) raised")
             results.append(res)
             break
         if bool((got[rows:] != OUT_POISON).any()):
-            res.failed += 1
-            res.fail(max_failures, row=rows, head=None, expected="untouched rows past the step",
-                     got="modified", detail="Indexer.forward wrote past the step's rows "
-                                            "(SPEC 8.1)")
+            res.count_failure(max_failures, row=rows, head=None,
+                              expected="untouched rows past the step", got="modified",
+                              detail="Indexer.forward wrote past the step's rows (SPEC 8.1)")
         cu = torch.from_numpy(qsl[nd:] - qsl[nd]).to(torch.int32)
         case = G.Case("mixed", res.case, seed,
                       dict(storage=storage.cpu().clone(), num_blocks=num_blocks,

@@ -477,14 +477,20 @@ def key_values(rng: np.random.Generator, t: int, dist: str) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros((0, HEAD_DIM), np.float32)
 
 
-def write_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, dist: str,
-               *, device=None) -> Case:
-    """``write_index_k`` of scattered tokens (some skipped) into a poisoned cache."""
-    t = int(rng.integers(1, profile.write_tokens + 1))
+def _write_shape(rng: np.random.Generator, max_tokens: int) -> tuple[int, int, int, str]:
+    """``(tokens, num_blocks, page_stride, key dtype name)`` of a write / insert case: up to
+    ``max_tokens`` tokens, no more than the blocks hold."""
+    t = int(rng.integers(1, max_tokens + 1))
     num_blocks = int(rng.integers(1, max(2, t // 32) + 2))
     t = min(t, num_blocks * PAGE_SIZE)
     page_stride = int(rng.choice(PAGE_STRIDES))
-    dtype = str(rng.choice(list(_FLOAT_DTYPES)))
+    return t, num_blocks, page_stride, str(rng.choice(list(_FLOAT_DTYPES)))
+
+
+def write_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, dist: str,
+               *, device=None) -> Case:
+    """``write_index_k`` of scattered tokens (some skipped) into a poisoned cache."""
+    t, num_blocks, page_stride, dtype = _write_shape(rng, profile.write_tokens)
     k = torch.from_numpy(key_values(rng, t, dist)).to(_FLOAT_DTYPES[dtype])
     slots = scattered_slots(rng, t, num_blocks)
     if rng.random() < 0.5:
@@ -517,11 +523,7 @@ def norm_inputs(rng: np.random.Generator, profile: Profile, t: int, dist: str) -
 def insert_case(rng: np.random.Generator, profile: Profile, name: str, seed: int, dist: str,
                 *, device=None) -> Case:
     """Fused norm + RoPE + quantize + write (SPEC 3) into a poisoned cache."""
-    t = int(rng.integers(1, profile.insert_tokens + 1))
-    num_blocks = int(rng.integers(1, max(2, t // 32) + 2))
-    t = min(t, num_blocks * PAGE_SIZE)
-    page_stride = int(rng.choice(PAGE_STRIDES))
-    dtype = str(rng.choice(list(_FLOAT_DTYPES)))
+    t, num_blocks, page_stride, dtype = _write_shape(rng, profile.insert_tokens)
     kv = key_values(rng, t, "gaussian" if dist in ("tiny", "huge") else dist)
     kv[rng.random(t) < 0.05] = 0.0  # zero vectors: rms -> eps, scale floor
     k = torch.from_numpy(kv).to(_FLOAT_DTYPES[dtype])

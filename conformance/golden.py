@@ -160,33 +160,31 @@ def check_integrity(manifest, data, max_failures: int = 20) -> CaseResult:
     res = CaseResult(check="integrity", op="sha256", case="golden/integrity", seed=0)
     listed: dict[str, set] = {f: set() for f in data}
     if manifest.get("spec_version") not in GOLDEN_COMPATIBLE_SPECS:
-        res.failed += 1
-        res.fail(max_failures, row=None, head=None,
-                 expected=" or ".join(GOLDEN_COMPATIBLE_SPECS),
-                 got=manifest.get("spec_version"),
-                 detail="golden set made for another SPEC version: regenerate it deliberately")
+        res.count_failure(max_failures, row=None, head=None,
+                          expected=" or ".join(GOLDEN_COMPATIBLE_SPECS),
+                          got=manifest.get("spec_version"),
+                          detail="golden set made for another SPEC version: regenerate it "
+                                 "deliberately")
     for fname, name, e in _entries(manifest):
         res.rows += 1
         listed.setdefault(fname, set()).add(name)
         a = data.get(fname, {}).get(name)
         if a is None:
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected=f"{fname}:{name}", got="missing",
-                     detail="array listed in the manifest is missing")
+            res.count_failure(max_failures, row=None, head=None, expected=f"{fname}:{name}",
+                              got="missing", detail="array listed in the manifest is missing")
             continue
         digest = sha256_array(a)
         if digest != e["sha256"] or list(a.shape) != e["shape"]:
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected=e["sha256"], got=digest,
-                     detail=f"{fname}:{name}: sha256 mismatch (tampered or corrupted array)")
+            res.count_failure(max_failures, row=None, head=None, expected=e["sha256"], got=digest,
+                              detail=f"{fname}:{name}: sha256 mismatch (tampered or corrupted "
+                                     "array)")
         else:
             res.exact += 1
     for fname, arrays in data.items():
         extra = set(arrays) - listed.get(fname, set())
         for name in sorted(extra)[:max_failures]:
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected="no unlisted arrays",
-                     got=f"{fname}:{name}", detail="array not in the manifest")
+            res.count_failure(max_failures, row=None, head=None, expected="no unlisted arrays",
+                              got=f"{fname}:{name}", detail="array not in the manifest")
     return res
 
 
@@ -202,9 +200,8 @@ def check_tables(manifest, data, max_failures: int = 5) -> CaseResult:
         if same:
             res.exact += 1
         else:
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected="stored table",
-                     got="reference differs", detail=f"table {k} (SPEC 1.1 / 1.4)")
+            res.count_failure(max_failures, row=None, head=None, expected="stored table",
+                              got="reference differs", detail=f"table {k} (SPEC 1.1 / 1.4)")
     return res
 
 
@@ -231,10 +228,9 @@ def check_oracle(case, max_failures: int = 5) -> CaseResult:
         if k in fresh and _bit_equal(v, fresh[k].cpu()):
             res.exact += 1
         else:
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected=f"stored {k}",
-                     got="reference output differs" if k in fresh else "missing",
-                     detail=f"{case.op}: the reference no longer reproduces {k!r}")
+            res.count_failure(max_failures, row=None, head=None, expected=f"stored {k}",
+                              got="reference output differs" if k in fresh else "missing",
+                              detail=f"{case.op}: the reference no longer reproduces {k!r}")
     res.seconds = time.perf_counter() - t0
     return res
 

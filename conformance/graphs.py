@@ -24,7 +24,7 @@ from . import generator as G
 from .backends import Backend
 from .fixtures import OUT_POISON, cache_view, poisoned_storage, selection_out
 from .oracles import decode_oracle, decode_rows
-from .results import CaseResult, Skip
+from .results import CaseResult, Skip, skip_unimplemented
 from .runners import judge_selection
 
 _MUTATIONS = ("longer", "shorter", "new-block-table", "padding", "all")
@@ -122,23 +122,18 @@ def wrapper_session(backend: Backend, profile: G.Profile, seed: int, name: str, 
     out_buf = selection_out(batch * q, heads, dev)
     results: list[CaseResult] = []
 
-    def result(step):
+    def result(step, **kw):
         return CaseResult(check=check, op="decode", case=f"{name}/step-{step:03d}",
-                          seed=seed, rows=0)
+                          seed=seed, rows=0, **kw)
 
     try:
         if backend.make_decode_wrapper is None:
             raise Skip(f"backend {backend.name!r} provides no make_decode_wrapper")
-        try:
-            wrapper = backend.make_decode_wrapper(heads, block_table_buffer=bt_buf,
-                                                  seq_lens_buffer=sl_buf,
-                                                  use_cuda_graph=use_graph)
-        except NotImplementedError as e:
-            raise Skip(f"make_decode_wrapper: {e}") from e
+        wrapper = skip_unimplemented("make_decode_wrapper", backend.make_decode_wrapper, heads,
+                                     block_table_buffer=bt_buf, seq_lens_buffer=sl_buf,
+                                     use_cuda_graph=use_graph)
     except Skip as e:
-        r = result(0)
-        r.skipped = str(e)
-        return [r]
+        return [result(0, skipped=str(e))]
 
     lens, bt = None, None
     graph = None
@@ -171,15 +166,8 @@ def wrapper_session(backend: Backend, profile: G.Profile, seed: int, name: str, 
             else:
                 wrapper.run(q_buf, cache, out_buf)
             got = out_buf.detach().cpu()
-        except NotImplementedError as e:
-            res.skipped = f"wrapper: NotImplementedError: {e}"
-            results.append(res)
-            break
         except Exception as e:  # plan/run/capture raised
-            res.failed += 1
-            res.fail(max_failures, row=None, head=None, expected="no exception",
-                     got=f"{e.__class__.__name__}: {e}",
-                     detail=f"wrapper step {step} ({mutation}) raised")
+            res.raised(e, "wrapper", max_failures, f"wrapper step {step} ({mutation}) raised")
             results.append(res)
             break
         case = G.Case("decode", res.case, seed,

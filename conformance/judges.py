@@ -175,21 +175,21 @@ def explain_row(res: TieAwareResult, row: int, head: int) -> str:
         return "NaN pages must rank among themselves by smaller id (SPEC 5)"
     s = r["scores"][row, head]
     e = float(r["e"][row, head])
-    worst, msg = -math.inf, ""
-    for a, b in zip(sel[:-2], sel[1:-1]):
-        g = float(s[b] - s[a]) if not (math.isinf(s[a]) and math.isinf(s[b])) else 0.0
-        if g > worst:
-            worst, msg = g, (f"page {b} (S={float(s[b]):.9g}) ranked after page {a} "
-                             f"(S={float(s[a]):.9g})")
+    def gap(hi, lo):  # S[hi] - S[lo]; 0 between two infinities
+        return float(s[hi] - s[lo]) if not (math.isinf(s[hi]) and math.isinf(s[lo])) else 0.0
+    # (gap, message) of every misordered pair: consecutive selections, then unselected pages
+    # against the lowest selected one
+    pairs = [(gap(b, a), f"page {b} (S={float(s[b]):.9g}) ranked after page {a} "
+                         f"(S={float(s[a]):.9g})") for a, b in zip(sel[:-2], sel[1:-1])]
     chosen = set(sel[:-1])
-    for wp in range(s.shape[0]):
-        if wp >= sel[-1] or wp in chosen:
-            continue
-        lo = min(chosen, key=lambda u: float(s[u]))
-        g = float(s[wp] - s[lo]) if not (math.isinf(s[wp]) and math.isinf(s[lo])) else 0.0
+    lo = min(chosen, key=lambda u: float(s[u]))
+    pairs += [(gap(wp, lo), f"unselected page {wp} (S={float(s[wp]):.9g}) beats selected "
+                            f"page {lo} (S={float(s[lo]):.9g})")
+              for wp in range(s.shape[0]) if wp < sel[-1] and wp not in chosen]
+    worst, msg = -math.inf, ""
+    for g, text in pairs:  # the first of the largest gaps
         if g > worst:
-            worst, msg = g, (f"unselected page {wp} (S={float(s[wp]):.9g}) beats selected "
-                             f"page {lo} (S={float(s[lo]):.9g})")
+            worst, msg = g, text
     if worst <= 2 * e:
         return ("selection differs from the reference only on tied scores, but the backend is "
                 "exact: equal scores must rank by smaller id (SPEC 5, 9)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -16,6 +16,15 @@ from .generator import Case
 
 class Skip(Exception):
     """The backend declares an op absent (``None``) or raises ``NotImplementedError``."""
+
+
+def skip_unimplemented(what: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``; its ``NotImplementedError`` becomes :class:`Skip` naming
+    ``what``."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        raise Skip(f"{what}: {e}") from e
 
 
 def jsonable(x):
@@ -52,7 +61,7 @@ class Failure:
         if rerun:
             lines.append("    rerun:    " + rerun.format(case=self.case))
         if self.case_file:
-            lines.append(f"    replay:   python -m conformance replay {self.case_file} "
+            lines.append(f"    replay:   python -m {__package__} replay {self.case_file} "
                          f"--backend {backend}")
         return "\n".join(lines)
 
@@ -95,8 +104,24 @@ class CaseResult:
         return self.failed == 0 and not self.failures
 
     def fail(self, max_failures: int, **kw) -> None:
+        """Keep a :class:`Failure` (``kw``: its fields) while fewer than ``max_failures`` are
+        kept; the caller counts the failed rows."""
         if len(self.failures) < max_failures:
             self.failures.append(Failure(check=self.check, case=self.case, seed=self.seed, **kw))
+
+    def count_failure(self, max_failures: int, **kw) -> None:
+        """One more failed row, kept as a :class:`Failure` as :meth:`fail` keeps it."""
+        self.failed += 1
+        self.fail(max_failures, **kw)
+
+    def raised(self, e: Exception, what: str, max_failures: int, detail: str) -> None:
+        """A backend call raised ``e``: ``NotImplementedError`` skips the case (``what``: the
+        op or object that does not implement it), any other exception fails it."""
+        if isinstance(e, NotImplementedError):
+            self.skipped = f"{what}: NotImplementedError: {e}"
+        else:
+            self.count_failure(max_failures, row=None, head=None, expected="no exception",
+                               got=f"{e.__class__.__name__}: {e}", detail=detail)
 
     def to_json(self) -> dict:
         return {"check": self.check, "op": self.op, "case": self.case, "seed": self.seed,

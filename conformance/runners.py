@@ -23,7 +23,7 @@ from .fixtures import OUT_POISON, as_bytes, case_cache, selection_out
 from .judges import (compare_bytes, explain_keys, explain_queries, hex_bytes, record_selection,
                      tie_aware_check)
 from .oracles import DEQUANT_DTYPES, decode_rows, local_pages, mixed_qsl
-from .results import CaseResult, Skip
+from .results import CaseResult, Skip, skip_unimplemented
 
 
 def call_op(backend: Backend, op: str, *args, **kwargs):
@@ -36,10 +36,7 @@ def call_op(backend: Backend, op: str, *args, **kwargs):
     fn = getattr(backend, op)
     if fn is None:
         raise Skip(f"backend {backend.name!r} provides no {op}")
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as e:
-        raise Skip(f"{op}: NotImplementedError: {e}") from e
+    return skip_unimplemented(f"{op}: NotImplementedError", fn, *args, **kwargs)
 
 
 def _dev(t, device):
@@ -242,13 +239,11 @@ def run_gather(case, backend, exp, res, mf):
     want_off = exp["page_offsets"].to(torch.int64)
     got_off = off.detach().cpu()
     if off.dtype != torch.int32 or not torch.equal(got_off.to(torch.int64), want_off):
-        res.failed += 1
-        res.fail(mf, row=None, head=None, expected=want_off.tolist(),
-                 got=f"{got_off.tolist()} ({off.dtype})", detail="page_offsets (SPEC 7)")
+        res.count_failure(mf, row=None, head=None, expected=want_off.tolist(),
+                          got=f"{got_off.tolist()} ({off.dtype})", detail="page_offsets (SPEC 7)")
     if ws.dtype != torch.float8_e4m3fn:
-        res.failed += 1
-        res.fail(mf, row=None, head=None, expected="float8_e4m3fn", got=str(ws.dtype),
-                 detail="workspace dtype (SPEC 2)")
+        res.count_failure(mf, row=None, head=None, expected="float8_e4m3fn", got=str(ws.dtype),
+                          detail="workspace dtype (SPEC 2)")
         return
     p = exp["workspace"].shape[0]
     compare_bytes(res, exp["workspace"], as_bytes(ws), p,
@@ -274,9 +269,8 @@ def run_scores(case, backend, exp, res, mf):
                   inp["query_start_loc"].to(d)).detach().cpu()
     want = exp["scores"]
     if got.shape != want.shape or got.dtype != torch.float32:
-        res.failed += 1
-        res.fail(mf, row=None, head=None, expected=f"float32 {tuple(want.shape)}",
-                 got=f"{got.dtype} {tuple(got.shape)}", detail="page_scores output")
+        res.count_failure(mf, row=None, head=None, expected=f"float32 {tuple(want.shape)}",
+                          got=f"{got.dtype} {tuple(got.shape)}", detail="page_scores output")
         return
     bits = backend.bits("page_scores")
     mag = exp["magnitude"][..., None]
@@ -322,15 +316,21 @@ def judge_selection(res: CaseResult, case, backend: Backend, exp: dict, got: tor
     record_selection(res, got, tie, row_meta(inp, qsl), mf)
 
 
-def _run_selection(case, backend, exp, res, mf, op: str, args: tuple[str, ...], kwargs: dict,
-                   qsl: torch.Tensor) -> None:
-    """Call the selection op ``op(index_q, cache, *inputs[args], **kwargs, out=poisoned)`` and
-    judge the rows ``qsl`` (a returned tensor other than ``out`` is what gets judged)."""
+def _selection_inputs(case, backend):
+    """``(inputs, device, cache, index_q, poisoned out)`` of a selection case on the backend's
+    device."""
     inp = case.inputs
     d = backend.device
     _, cache = case_cache(inp, d)
     q = inp["index_q"].to(d)
-    out = selection_out(q.shape[0], q.shape[1], d)
+    return inp, d, cache, q, selection_out(q.shape[0], q.shape[1], d)
+
+
+def _run_selection(case, backend, exp, res, mf, op: str, args: tuple[str, ...], kwargs: dict,
+                   qsl: torch.Tensor) -> None:
+    """Call the selection op ``op(index_q, cache, *inputs[args], **kwargs, out=poisoned)`` and
+    judge the rows ``qsl`` (a returned tensor other than ``out`` is what gets judged)."""
+    inp, d, cache, q, out = _selection_inputs(case, backend)
     r = call_op(backend, op, q, cache, *(_dev(inp[a], d) for a in args), **kwargs, out=out)
     got = out.detach().cpu()
     if r is not None and r.data_ptr() != out.data_ptr():
@@ -354,27 +354,22 @@ def run_prefill(case, backend, exp, res, mf):
 def run_mixed(case, backend, exp, res, mf):
     """Decode-first batch (SPEC 8): decode writes rows [0, nd), prefill rows [nd, T) of one
     shared output; neither may touch the other's rows."""
-    inp = case.inputs
-    d = backend.device
-    _, cache = case_cache(inp, d)
-    q = inp["index_q"].to(d)
+    inp, d, cache, q, out = _selection_inputs(case, backend)
     bd, ql = inp["num_decode_reqs"], inp["query_len"]
     nd = bd * ql
     bt, sl = inp["block_table"].to(d), inp["seq_lens"].to(d)
-    out = selection_out(q.shape[0], q.shape[1], d)
     call_op(backend, "decode_indexer", q[:nd], cache, bt[:bd], sl[:bd], ql, out=out[:nd])
     if bool((out[nd:] != OUT_POISON).any()):
-        res.failed += 1
-        res.fail(mf, row=nd, head=None, expected="untouched prefill rows",
-                 got="modified", detail="decode_indexer wrote outside its rows of the shared "
-                                        "output (SPEC 8)")
+        res.count_failure(mf, row=nd, head=None, expected="untouched prefill rows",
+                          got="modified", detail="decode_indexer wrote outside its rows of the "
+                                                 "shared output (SPEC 8)")
     snap = out[:nd].clone()
     call_op(backend, "prefill_indexer", q[nd:], cache, bt[bd:], inp["cu_seqlens_q"].to(d),
             sl[bd:], max_gather_pages=inp["max_gather_pages"], out=out[nd:])
     if not torch.equal(out[:nd], snap):
-        res.failed += 1
-        res.fail(mf, row=0, head=None, expected="untouched decode rows", got="modified",
-                 detail="prefill_indexer wrote outside its rows of the shared output (SPEC 8)")
+        res.count_failure(mf, row=0, head=None, expected="untouched decode rows", got="modified",
+                          detail="prefill_indexer wrote outside its rows of the shared output "
+                                 "(SPEC 8)")
     got = out.detach().cpu()
     bits_op = "decode_indexer"
     b_dec, b_pre = backend.bits("decode_indexer"), backend.bits("prefill_indexer")

@@ -13,7 +13,8 @@ import sys
 # name -> help; demo / conformance / golden parse their own arguments
 FORWARDED = {
     "demo": "the main job: a real model's attention through the indexer (--random: synthetic)",
-    "conformance": "diff a backend against the reference on random paged batches (SPEC 9)",
+    "conformance": "diff a backend against the reference on random paged batches (SPEC 9); "
+                   "quick run: conformance --smoke",
     "golden": "write or verify versioned golden vectors",
 }
 

@@ -5,9 +5,9 @@ wrapper's buffers (SPEC 8.1: what the wrapper's CUDA graphs read). Engines keep 
 tensors at fixed addresses from step to step (vLLM's persistent input buffers), so the same
 copy, between the same addresses, repeats every step (a mixed step's decode rows take the
 same copy when its block table is narrower than the buffers). ``CopyGraphs`` replays such a
-copy from a CUDA graph captured once: the host time of a decode-only plan's copy went from a median of
-12.2 to 6.7 us on one H200 host and from ~7.9 to ~5 us on a faster one, against
-``torch._foreach_copy_`` (docs/benchmarks.md, issue 14, session 18).
+copy from a CUDA graph captured once: a decode-only plan's copy takes a median 6.7 us of host
+time on one H200 host against 12.2 us with ``torch._foreach_copy_`` (~5 against ~7.9 us on a
+faster host).
 
 Exactness: a graph's copy reads its source addresses when it is replayed, so it copies what
 the current step's tensors hold. The caller's key must determine the copy (the sources'

@@ -21,7 +21,7 @@ import nvfp4_indexer as ni  # noqa: E402
 from benchmarks import workloads as wl  # noqa: E402
 from benchmarks.pool import PagePool  # noqa: E402
 from benchmarks.report import markdown, summary_lines  # noqa: E402
-from benchmarks.context import Context, _finish, written_bytes  # noqa: E402
+from benchmarks.context import Context, finish, written_bytes  # noqa: E402
 from benchmarks.suites import summarize  # noqa: E402
 from benchmarks.timing import (Timing, graph_sequence, mix_ceiling_gbps,  # noqa: E402
                                mm16_matmul_ceiling, rotation_slots, stream_ceilings,
@@ -163,7 +163,7 @@ def test_stream_and_mm16_ceilings_cpu():
         assert mm["stand_in"] and mm["best"] == "fp32-matmul"
 
 
-def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
+def test_matmul_rates_interleaved_rounds_keep_each_best():
     """The matmul ceilings time their variants in interleaved rounds and keep each variant's
     fastest (the GPU's clocks move between rounds); a variant failing in a later round keeps
     its earlier rounds, one failing at once is recorded with its error."""
@@ -179,7 +179,6 @@ def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
             raise RuntimeError("later failure")
         us = times[k][i]
         return Timing(us, [us], 0.0, "fake", 1)
-    monkeypatch.setattr(T, "_time_ceiling", fake_time)
 
     def mk(k, ok=True):
         def f():
@@ -189,7 +188,7 @@ def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
         f.key = k
         return f
     fns = {"a": mk("a"), "b": mk("b"), "c": mk("c"), "d": mk("d", ok=False)}
-    r = T._matmul_rates(fns, 4, torch.device("cpu"), None, rounds=3)
+    r = T._matmul_rates(fns, 4, torch.device("cpu"), None, rounds=3, time_fn=fake_time)
     assert order == ["a", "b", "c"] * 3  # interleaved, every round
     flops = 2 * 4 ** 3
     v = r["variants"]
@@ -199,22 +198,6 @@ def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
     assert len(v["c"]["rounds_tflops"]) == 1 and "error" in v["d"]
     assert r["best"] == "b" and r["tflops"] == pytest.approx(flops / 0.5e-6 / 1e12)
     assert T.MATMUL_ROUNDS >= 2  # the CUDA default (CPU smoke runs one round)
-
-
-def test_wave_model_orders_and_pages():
-    """``labs.wave_model`` (docs/benchmarks.md, issue 15, eleventh step): row blocks as the
-    library plans them (16K new x 32K cached: 256 pages for the first block, 383 for the
-    last; split ranges of ceil(pages / splits)), and descending order ahead of ascending where
-    the blocks' page counts grow."""
-    from benchmarks.labs import wave_model as wm
-    one = wm.program_pages(16384, 32768, 1)[0]
-    assert len(one) == 512 and (one[0], one[-1]) == (256, 383)
-    two = wm.program_pages(16384, 32768, 2)
-    assert [a + b for a, b in zip(*two)] == one and two[0][-1] == 192 and two[1][-1] == 191
-    assert wm.program_pages(1024, 0, 1)[0][:4] == [0, 0, 0, 0]  # short rows: nothing scored
-    m = wm.model(16384, 0, 2)
-    assert m["descending"] < m["ascending"] and m["descending"] >= m["ideal"]
-    assert wm.makespan([3, 1, 1, 1], 2, 0) == 3 and wm.makespan([1, 1, 1, 3], 2, 0) == 4
 
 
 # ----------------------------------------------------------------------------- pool
@@ -276,25 +259,25 @@ def test_decode_summary_weighted_mean_and_flags():
 
 
 def test_finish_ratios_and_mix_split():
-    """``_finish``: the 16-bit matmul share next to the FP8 one, and for gather / insert the
+    """``finish``: the 16-bit matmul share next to the FP8 one, and for gather / insert the
     read / write split of the traffic parts and the share of the mix ceiling."""
     ctx = _ctx(mm16_tflops=500.0, read_gbps=4000.0, write_gbps=5000.0)
     t = Timing(us=100.0, samples_us=[100.0], cv=0.0, method="cuda-graph", calls_per_sample=1)
-    rec = _finish(ctx, {}, t, nbytes=10**8, flops=5 * 10**10)  # 500 TFLOP/s, 1000 GB/s
+    rec = finish(ctx, {}, t, nbytes=10**8, flops=5 * 10**10)  # 500 TFLOP/s, 1000 GB/s
     assert rec["tflops"] == pytest.approx(500.0)
     assert rec["matmul_ratio"] == pytest.approx(0.5) and rec["mm16_ratio"] == pytest.approx(1.0)
     assert "mix_ratio" not in rec
     tr = wl.gather_traffic(wl.PrefillCase(1_024, 32_768, 4))
     w = written_bytes("gather", tr.parts)
     assert w == tr.parts["workspace"] == tr.history_pages * 16_384
-    rec = _finish(ctx, {}, t, tr.bytes_moved, 0, w)
+    rec = finish(ctx, {}, t, tr.bytes_moved, 0, w)
     assert rec["bytes_read"] + rec["bytes_written"] == tr.bytes_moved
     assert rec["bytes_read"] == tr.bytes_moved - w and rec["mm16_ratio"] is None
     mix = (tr.bytes_moved) / ((tr.bytes_moved - w) / 4000.0 + w / 5000.0)
     assert rec["mix_ceiling_gbps"] == pytest.approx(mix)
     assert rec["mix_ratio"] == pytest.approx(rec["gbps"] / mix)
     assert written_bytes("insert", wl.insert_traffic(wl.InsertCase()).parts) == 16_384 * 72
-    no_ceiling = _finish(_ctx(), {}, t, tr.bytes_moved, 0, w)
+    no_ceiling = finish(_ctx(), {}, t, tr.bytes_moved, 0, w)
     assert no_ceiling["mix_ratio"] is None and no_ceiling["mix_ceiling_gbps"] is None
 
 
@@ -412,152 +395,3 @@ def test_cpu_smoke_triton_interpreter(tmp_path, extra):
             if suite.startswith("decode"):
                 assert rec["shared_score_buffer_elems"] is None or \
                     rec["shared_score_buffer_elems"] > 0
-
-
-def test_git_metadata_only_from_a_checkout_of_its_own(tmp_path, monkeypatch):
-    """A source tree unpacked inside another repository (e.g. a ``git archive`` snapshot)
-    records no commit rather than the enclosing repository's HEAD (``provenance.git_state``,
-    shared with the conformance recorder)."""
-    from benchmarks import timing
-    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-    if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
-        pytest.skip("git not installed")
-    outer = tmp_path / "outer"
-    inner = outer / "snapshot"
-    inner.mkdir(parents=True)
-    subprocess.run(git + ["init", "-q", str(outer)], check=True)
-    (outer / "f").write_text("x")
-    subprocess.run(git + ["-C", str(outer), "add", "f"], check=True)
-    subprocess.run(git + ["-C", str(outer), "commit", "-qm", "c"], check=True)
-    monkeypatch.setattr(timing, "REPO_ROOT", inner)
-    monkeypatch.delenv("NVFP4_BENCH_COMMIT", raising=False)
-    env = timing.environment(torch.device("cpu"))
-    assert env["git_commit"] is None and env["git_dirty"] is None
-    monkeypatch.setattr(timing, "REPO_ROOT", outer)
-    env = timing.environment(torch.device("cpu"))
-    assert len(env["git_commit"]) == 40 and env["git_dirty"] is False
-
-
-def test_profile_decode_needs_a_gpu():
-    """The ncu driver script exits 2 with a message when there is no CUDA GPU."""
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    from benchmarks.labs import profile_decode
-    assert profile_decode.main(["1", "4000", "window=1"]) == 2
-
-
-def test_profile_case_cli():
-    """``profile_case``: each part needs its number of sizes and key=value keywords (usage
-    error, exit 2, checked before the GPU); with valid arguments and no GPU it returns 2."""
-    from benchmarks.labs import profile_case
-    for bad in (["decode", "1"], ["prefill", "1024", "0"], ["gather", "1", "2", "3", "4"],
-                ["decode", "1", "4000", "=3"], ["bogus", "1", "2"], ["decode", "1", "x"],
-                ["decode", "0", "4000"], ["prefill", "1024", "0", "0"], ["decode", "-1", "5"]):
-        with pytest.raises(SystemExit) as e:
-            profile_case.main(bad)
-        assert e.value.code == 2 or "key=value" in str(e.value.code), bad
-    from benchmarks.labs.profile_case import _knobs
-    assert _knobs(["streaming=False", "tokens_on_n=TRUE", "window=1", "dequant=ptx"]) == {
-        "streaming": False, "tokens_on_n": True, "window": 1, "dequant": "ptx"}
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    for ok in (["decode", "1", "4000", "window=1"], ["prefill", "1024", "0", "1"],
-               ["gather", "1024", "0", "1", "streaming=false"]):
-        assert profile_case.main(ok) == 2
-
-
-def test_knob_lab_parse_variant():
-    """``--variant NAME:KEY=VALUE,...`` of benchmarks.labs.knob_lab: ints parsed, bad items
-    refused."""
-    import argparse
-
-    from benchmarks.labs.knob_lab import parse_variant
-    assert parse_variant("tb32:tok_block=32,dequant=ptx,page_parts=1") == (
-        "tb32", {"tok_block": 32, "dequant": "ptx", "page_parts": 1})
-    assert parse_variant("base:") == ("base", {})
-    assert parse_variant("m:tokens_on_n=false,streaming=True,pdl=0") == (
-        "m", {"tokens_on_n": False, "streaming": True, "pdl": 0})
-    for bad in ("x:block_m", "x:=3", "x:a=1,b"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_variant(bad)
-
-
-def test_lab_variants_become_configs():
-    """``profile_case.config_of``: a lab's keyword variant is the launcher's default config
-    with those fields replaced (prefill ``gather_X`` into its GatherConfig); an unknown field
-    or a bad value is refused by the config, never ignored."""
-    from benchmarks.labs.profile_case import config_of
-    from nvfp4_indexer.triton import DecodeConfig, GatherConfig, PrefillConfig
-    assert config_of("decode", {}) == DecodeConfig()
-    cfg = config_of("decode", {"window": 1, "dequant": "ptx"})
-    assert (cfg.window, cfg.dequant, cfg.num_warps) == (1, "ptx", DecodeConfig().num_warps)
-    assert cfg.overrides() == {"window": 1, "dequant": "ptx"}
-    pre = config_of("prefill", {"block_m": 64, "gather_streaming": False})
-    assert pre.block_m == 64 and pre.gather == GatherConfig(streaming=False)
-    assert config_of("prefill", {}) == PrefillConfig()
-    with pytest.raises(TypeError):
-        config_of("gather", {"bogus": 1})
-    for kind, bad in (("decode", {"window": 3}), ("decode", {"pdl": 1}),
-                      ("prefill", {"gather_tok_block": 48}), ("insert", {"block_t": True})):
-        with pytest.raises(ValueError, match=next(iter(bad)).removeprefix("gather_")):
-            config_of(kind, bad)
-
-
-
-def test_knob_lab_prefill_variants_pick_their_kernel():
-    """Every knob_lab prefill variant is a valid config, and one that sets a Triton score-kernel
-    knob (num_stages, num_warps, window) names the Triton kernel: on SM90 the default takes the
-    Gluon scorer, which ignores those knobs (the variant would time the default)."""
-    from benchmarks.labs.knob_lab import PREFILL_VARIANTS
-    from benchmarks.labs.profile_case import config_of
-    from nvfp4_indexer.triton.heuristics import PREFILL_WGMMA_BLOCK_M
-    for name, knobs in PREFILL_VARIANTS.items():
-        cfg = config_of("prefill", knobs)
-        if {"num_stages", "num_warps", "window"} & set(knobs):
-            dispatched = cfg.block_m is None or cfg.block_m in PREFILL_WGMMA_BLOCK_M
-            assert cfg.kernel == "triton" or not dispatched, name
-
-
-
-_LAB_COMPILE = r'''
-import os
-os.environ.pop("TRITON_INTERPRET", None)
-from benchmarks.labs import prefill_score_lab, sol_lab
-from benchmarks.sass_stats import GATHER_TYPES, PREFILL_TYPES, _compile, sass_stats
-u8 = dict(src="*u8", dst="*u8")
-ins = dict(x_ptr="*bf16", pos_ptr="*i64", cs_ptr="*bf16", cache_ptr="*u8", slot_ptr="*i64",
-           n="i32", page_stride="i32")
-builds = [
-    ("chain", sol_lab._chain_copy_kernel, GATHER_TYPES, dict(PAGE_PARTS=8),
-     ("cache_ptr", "page_stride", "ws_ptr"), 1, 1),
-    ("flat", sol_lab._flat_copy_kernel, u8, dict(PARTS=2), ("src", "dst"), 1, 1),
-    ("insert_sol", sol_lab._insert_sol_kernel, ins, dict(BT=16, LOADS=True),
-     ("x_ptr", "cache_ptr"), 1, 1),
-    ("score16", prefill_score_lab._score16_kernel, dict(PREFILL_TYPES, ws_ptr="*fp16"),
-     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, DOT="fp16", WINDOW=32, KEEP=16, TOKENS_N=True),
-     ("q_ptr", "ws_ptr"), 4, 2),
-]
-for name, fn, types, consts, aligned, warps, stages in builds:
-    st = sass_stats(_compile(fn, types, consts, aligned, warps, stages, None))
-    print(name, st["instructions"], max((h for _, h in st["loops"]), default=0))
-'''
-
-
-def test_speed_of_light_lab_kernels_compile_for_sm90():
-    """The GPU-only labs ``sol_lab`` and ``prefill_score_lab`` import on CPU and their
-    kernels compile offline for SM90 (the H200) at the shapes they launch (a subprocess
-    without the interpreter); the fp16-workspace scorer's page loop holds the 16 wgmma of a
-    128 x 128 x 128 tile."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _LAB_COMPILE], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("Triton's bundled ptxas is unavailable")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = {ln.split()[0]: [int(v) for v in ln.split()[1:]] for ln in proc.stdout.splitlines()}
-    assert set(got) == {"chain", "flat", "insert_sol", "score16"}
-    assert all(n > 0 for n, _ in got.values())
-    assert got["score16"][1] == 16

@@ -121,14 +121,19 @@ def test_tie_aware_exact_ties_and_structure():
     assert tie_aware_check(out, s2, mag, loc, 16).failed == 1
 
 
+def _nan_row(vals, L):
+    """One row of scores ``vals`` with local page L: (scores, local, magnitudes, the
+    reference's selection)."""
+    s = _one_row(vals, L)
+    local = torch.tensor([L])
+    return s, local, torch.full((1, 1), 100.0, dtype=torch.float64), ref.select_pages(s, local)
+
+
 def test_tie_aware_nan_pages_rank_last():
     L = 17
     vals = [float(j) for j in range(L)]
     vals[16] = float("nan")  # would be the best page if NaN were a number
-    s = _one_row(vals, L)
-    local = torch.tensor([L])
-    mag = torch.full((1, 1), 100.0, dtype=torch.float64)
-    good = ref.select_pages(s, local)
+    s, local, mag, good = _nan_row(vals, L)
     assert 16 not in good[0, 0, :15].tolist()
     bad = good.clone()
     bad[0, 0, 14] = 16  # NaN page instead of the weakest numeric one
@@ -142,10 +147,7 @@ def test_tie_aware_nan_pages_by_smaller_id():
     vals = [float(j) for j in range(L)]
     for j in (2, 5, 9, 12):
         vals[j] = float("nan")  # 13 numeric pages: two NaN pages are selected (2 then 5)
-    s = _one_row(vals, L)
-    local = torch.tensor([L])
-    mag = torch.full((1, 1), 100.0, dtype=torch.float64)
-    good = ref.select_pages(s, local)
+    s, local, mag, good = _nan_row(vals, L)
     assert good[0, 0, 13:].tolist() == [2, 5, L]
     assert tie_aware_check(good, s, mag, local, 8).failed == 0
     swapped = good.clone()

@@ -26,6 +26,15 @@ class _FakeGraph:
             d.copy_(s)
 
 
+def _indexer():
+    """A reference-backend Indexer whose decode wrappers copy block tables of up to 24 pages."""
+    return ni.Indexer(ni.IndexerConfig(num_heads=2, max_model_len=3072,
+                                       max_num_batched_tokens=512, max_num_seqs=6,
+                                       max_decode_query_len=4,
+                                       cudagraph_batch_sizes=(1, 2, 4, 8)),
+                      backend="reference")
+
+
 def _fake(monkeypatch):
     monkeypatch.setattr(CopyGraphs, "_capture", lambda self, dst, src: _FakeGraph(dst, src))
 
@@ -113,10 +122,7 @@ def test_indexer_key_separates_views_of_one_storage(monkeypatch, cls):
     entries (the rest of the buffer stays -7) and seq lens; a key without the shape, the
     stride or the seq lens' address fails this."""
     _fake(monkeypatch)
-    ix = ni.Indexer(ni.IndexerConfig(num_heads=2, max_model_len=3072,
-                                     max_num_batched_tokens=512, max_num_seqs=6,
-                                     max_decode_query_len=4, cudagraph_batch_sizes=(1, 2, 4, 8)),
-                    backend="reference")
+    ix = _indexer()
     dec = ix.decoder(4, 1)
     dec._copies = cls(capture_after=1)
     qsl = torch.arange(5, dtype=torch.int32)
@@ -149,10 +155,7 @@ def test_bad_arguments():
 
 def test_cpu_indexer_copies_eagerly():
     """Off CUDA the decode wrappers copy with ``torch._foreach_copy_`` (no cache)."""
-    ix = ni.Indexer(ni.IndexerConfig(num_heads=2, max_model_len=3072,
-                                     max_num_batched_tokens=512, max_num_seqs=6,
-                                     max_decode_query_len=4, cudagraph_batch_sizes=(1, 2, 4, 8)),
-                    backend="reference")
+    ix = _indexer()
     assert ix.decoder(2, 1)._copies is None
 
 

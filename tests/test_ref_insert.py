@@ -30,9 +30,14 @@ def inputs(t: int, seed: int, dtype, heads: int | None = None):
     return x, w, pos
 
 
-@pytest.mark.parametrize("rotary_dim", [64, 128])
-@pytest.mark.parametrize("cs_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float16, torch.float32])
+ROTARY_DIMS = pytest.mark.parametrize("rotary_dim", [64, 128])
+COS_SIN_DTYPES = pytest.mark.parametrize("cs_dtype", [torch.bfloat16, torch.float32])
+FLOAT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@ROTARY_DIMS
+@COS_SIN_DTYPES
+@pytest.mark.parametrize("k_dtype", FLOAT_DTYPES)
 def test_insert_index_k_bit_exact(rotary_dim, cs_dtype, k_dtype):
     t = 600
     cs = cos_sin_cache(5000, rotary_dim, cs_dtype)
@@ -82,9 +87,9 @@ def test_insert_equals_write_of_norm_rope():
     assert np.array_equal(bf.page_codes_scales(bf.page_raw(c, 0))[0], codes)
 
 
-@pytest.mark.parametrize("rotary_dim", [64, 128])
-@pytest.mark.parametrize("cs_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@ROTARY_DIMS
+@COS_SIN_DTYPES
+@pytest.mark.parametrize("q_dtype", FLOAT_DTYPES)
 def test_prepare_index_q_bit_exact(rotary_dim, cs_dtype, q_dtype):
     t, heads = 200, 4
     cs = cos_sin_cache(5000, rotary_dim, cs_dtype)

@@ -18,7 +18,8 @@ import torch
 import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
 
-from ..engine_suite import GRAPH_SIZES, engine_cases
+from ..engine_suite import GRAPH_SIZES
+from ..workloads import engine_cases
 from ..pool import random_index_q
 from ..timing import time_eager, time_graph_single
 from .knob_lab import ensure_pool, log, make_context

@@ -181,9 +181,9 @@ def _prefill_case(ctx, case, variants: dict) -> bool:
 
     from .. import workloads as wl
     from ..pool import random_index_q
-    from ..prefill_suite import _prefill_inputs
+    from ..prefill_suite import prefill_inputs
     tr = wl.prefill_traffic(case)
-    _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 2)
+    _sl, width, tables, seq, cu = prefill_inputs(ctx, case, 2)
     q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
     mgp = ni.max_gather_pages(width * 128, case.new_tokens)
     base = {}
@@ -224,10 +224,10 @@ def gather_inputs(ctx, case) -> tuple:
 
     from .. import workloads as wl
     from ..gather_suite import gather_slots
-    from ..prefill_suite import _prefill_inputs
+    from ..prefill_suite import prefill_inputs
     tr = wl.gather_traffic(case)
     slots = max(2, gather_slots(case, ctx.l2_bytes, ctx.graph_calls))
-    sl, width, tables, seq, _cu = _prefill_inputs(ctx, case, slots)
+    sl, width, tables, seq, _cu = prefill_inputs(ctx, case, slots)
     counts = history_pages(seq)
     offsets = torch.zeros(len(sl) + 1, dtype=torch.int32, device=ctx.device)
     offsets[1:] = torch.cumsum(counts, 0)

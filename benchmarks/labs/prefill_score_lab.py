@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     only = [x for x in args.only.split(",") if x]
     from .. import workloads as wl
     from ..pool import random_index_q
-    from ..prefill_suite import _prefill_inputs
+    from ..prefill_suite import prefill_inputs
     from ..timing import fp8_matmul_ceiling, mm16_matmul_ceiling
     ctx = kl.make_context(600)
     mm16 = mm16_matmul_ceiling(ctx.device)["tflops"]
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     for n, c, r in cases:
         case = wl.PrefillCase(n, c, r)
         tr = wl.prefill_traffic(case)
-        _sl, width, tables, seq, cu = _prefill_inputs(ctx, case, 1)
+        _sl, width, tables, seq, cu = prefill_inputs(ctx, case, 1)
         q = random_index_q(case.new_tokens, case.num_heads, ctx.device, ctx.gen(case.name))
         mgp = max(ni.max_gather_pages(width * 128, case.new_tokens), r * width)
         out = torch.full((n, case.num_heads, TOPK), -7, dtype=torch.int32, device=ctx.device)

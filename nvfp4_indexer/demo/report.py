@@ -34,18 +34,22 @@ def print_table(results: list[LayerResult], title: str) -> None:
 
 
 def plot_recall(results: list[LayerResult], path: Path, title: str) -> None:
-    """Recall vs context position (local page), one panel per layer."""
+    """Recall vs context position (local page), one panel per layer. NVFP4 and bf16 selection
+    often coincide: NVFP4 is a wide translucent band, bf16 a thin dashed line with markers
+    drawn over it, so both stay visible where they are equal."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     n = len(results)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False, sharey=True)
-    styles = {"oracle": ("k", ":"), "nvfp4": ("C0", "-"), "bf16": ("C1", "--"),
-              "local": ("C2", "-.")}
+    styles = {"oracle": dict(color="k", ls=":"),
+              "nvfp4": dict(color="C0", ls="-", lw=4.5, alpha=0.45, zorder=2),
+              "bf16": dict(color="C1", ls="--", lw=1.2, marker="o", ms=3, zorder=3),
+              "local": dict(color="C2", ls="-.")}
     for ax, r in zip(axes[0], results):
         x = [p * 128 for p in r.recall_by_page["page"]]
-        for name, (color, ls) in styles.items():
-            ax.plot(x, r.recall_by_page[name], color=color, ls=ls, label=name)
+        for name, style in styles.items():
+            ax.plot(x, r.recall_by_page[name], label=name, **style)
         ax.set_title(f"layer {r.layer}")
         ax.set_xlabel("query position (tokens)")
         ax.grid(alpha=0.3)
