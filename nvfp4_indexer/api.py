@@ -94,19 +94,28 @@ def new_index_cache(num_blocks: int, device=None, page_stride: int = PAGE_BYTES)
     """Allocate a zeroed paged index-K cache (SPEC 2).
 
     Args:
-        num_blocks: physical pages (blocks), >= 0.
-        device: torch device (default: torch's default device).
+        num_blocks: physical pages (blocks), >= 0 (Python or numpy integer).
+        device: torch device (default: torch's default device; "cuda" is the current one).
         page_stride: bytes from one page to the next, a multiple of 16, >= 9216.
     Returns:
-        ``uint8 [num_blocks, 128, 72]`` view with strides ``(page_stride, 72, 1)``. Its rows are
-        a reinterpretation of page bytes, not tokens.
+        ``uint8 [num_blocks, 128, 72]`` view with strides ``(page_stride, 72, 1)`` over
+        ``num_blocks * page_stride`` bytes. Its rows are a reinterpretation of page bytes, not
+        tokens.
     Raises:
-        ValueError: negative ``num_blocks`` or a bad ``page_stride``.
+        ValueError: negative ``num_blocks``, a bad ``page_stride``, a ``device`` that does not
+        exist, or ``num_blocks * page_stride`` bytes that the device cannot hold (past int64,
+        its total memory, or refused by its allocator): the message names the argument and
+        the bytes asked for (SPEC 10).
     """
     num_blocks = v.check_int("num_blocks", num_blocks, lo=0)
     if not v.is_int(page_stride) or page_stride < PAGE_BYTES or page_stride % 16:
         v.fail("page_stride", f"an int >= {PAGE_BYTES} and a multiple of 16", repr(page_stride))
-    return ref.new_index_cache(num_blocks, device, int(page_stride))
+    page_stride = int(page_stride)
+    dev = v.check_device("device", device)
+    nbytes = num_blocks * page_stride
+    name = "page_stride" if page_stride // PAGE_BYTES > num_blocks else "num_blocks"
+    return v.allocate(name, nbytes, dev, f"num_blocks={num_blocks} x page_stride={page_stride}",
+                      lambda: ref.new_index_cache(num_blocks, dev, page_stride))
 
 
 def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor, *,
@@ -118,14 +127,10 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
         k: float ``[T, 128]`` keys, already normalized and rotated.
         slot_mapping: int32/int64 ``[T]``: physical_block * 128 + offset; negative = skip.
     Raises:
-        ValueError: shapes, dtypes, devices; a slot outside the cache; duplicate slots.
+        ValueError: shapes, dtypes, devices; a slot outside the cache; duplicate slots; a
+        cache whose memory overlaps ``k`` or ``slot_mapping``.
     """
-    v.check_cache(cache)
-    dev = cache.device
-    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, HEAD_DIM),
-                   device=dev)
-    v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
-                   device=dev)
+    dev = _check_write(cache, k, slot_mapping)
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
     k = _fp32_if_double(k)
     if v.check_backend(backend, dev) == "triton":
@@ -161,14 +166,11 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
         (cos first half, sin second). rotary_dim: rotated leading dims (even). eps: norm eps.
     Raises:
         ValueError: shapes, dtypes, devices, positions outside ``cos_sin_cache``, slots outside
-        the cache, duplicate slots.
+        the cache, duplicate slots, an ``eps`` that is not finite and > 0 once rounded to fp32
+        (SPEC 3), a cache whose memory overlaps an input.
     """
-    v.check_cache(cache)
-    dev = cache.device
-    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, HEAD_DIM),
-                   device=dev)
-    v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
-                   device=dev)
+    dev = _check_write(cache, k, slot_mapping, positions=positions, k_norm_weight=k_norm_weight,
+                       cos_sin_cache=cos_sin_cache)
     v.check_norm_inputs("k", k, positions, k_norm_weight, "k_norm_weight", cos_sin_cache,
                         rotary_dim, eps, dev)
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
@@ -192,7 +194,8 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     Returns:
         ``float8_e4m3fn [T, H, 128]``.
     Raises:
-        ValueError: shapes, dtypes, devices, positions outside ``cos_sin_cache``.
+        ValueError: shapes, dtypes, devices, positions outside ``cos_sin_cache``, an ``eps``
+        that is not finite and > 0 once rounded to fp32 (SPEC 3).
     """
     v.check_tensor("q", q, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, None, HEAD_DIM))
     v.check_norm_inputs("q", q, positions, q_norm_weight, "q_norm_weight", cos_sin_cache,
@@ -203,6 +206,22 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
         return _kernels().prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
                                           rotary_dim, eps)
     return ref.prepare_index_q(q, positions, q_norm_weight, cos_sin_cache, rotary_dim, eps)
+
+
+def _check_write(cache, k, slot_mapping, **more) -> torch.device:
+    """A cache write's shared checks (SPEC 2, 10): the cache, ``k [T, 128]`` and
+    ``slot_mapping [T]`` on its device, and a cache that overlaps none of them nor ``more``
+    (checked when they are tensors; their own checks follow). Returns the cache's device."""
+    v.check_cache(cache)
+    dev = cache.device
+    v.check_tensor("k", k, dtypes=v.FLOAT_DTYPES + (torch.float64,), shape=(None, HEAD_DIM),
+                   device=dev)
+    v.check_tensor("slot_mapping", slot_mapping, dtypes=v.INT_DTYPES, shape=(k.shape[0],),
+                   device=dev)
+    inputs = [("k", k), ("slot_mapping", slot_mapping)]
+    inputs += [(n, t) for n, t in more.items() if isinstance(t, torch.Tensor)]
+    v.check_no_overlap("cache", cache, inputs)
+    return dev
 
 
 def _fp32_if_double(t: torch.Tensor) -> torch.Tensor:
@@ -292,8 +311,9 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
         then the local page; fewer history pages ascending then -1; padding rows ``[0, -1...]``.
     Raises:
         ValueError: shapes, dtypes, devices, ``query_len``, ``seq_lens`` ranges, narrow block
-        table, block ids outside the cache, ``backend="triton"`` on CPU tensors without
-        TRITON_INTERPRET=1. NotImplementedError: topk != 16 or Q * H > 64 on Triton.
+        table, block ids outside the cache, an ``out`` whose memory overlaps an input,
+        ``backend="triton"`` on CPU tensors without TRITON_INTERPRET=1.
+        NotImplementedError: topk != 16 or Q * H > 64 on Triton.
     """
     dev = _check_paged(cache, block_table, seq_lens)
     query_len = v.check_query_len(query_len)
@@ -304,6 +324,8 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
     topk = v.check_topk(topk, backend)
     if out is not None:
         v.check_out(out, b * query_len, h, topk, dev)
+        v.check_no_overlap("out", out, (("index_q", index_q), ("cache", cache),
+                                        ("block_table", block_table), ("seq_lens", seq_lens)))
     v.check_decode_values(block_table, seq_lens, query_len, cache.shape[0])
     if b == 0 or block_table.shape[1] == 0:
         backend = "reference"  # nothing to score: every row is padding (or there is none)
@@ -350,8 +372,8 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     Raises:
         ValueError: shapes, dtypes, devices, ranges (``cu_seqlens_q`` not from 0 to Tp or with
         a request of no rows, q_len > seq_len), a ``max_gather_pages`` below one request's
-        history pages, ``allow_fp8_mma`` not a bool. NotImplementedError: topk != 16 on
-        Triton.
+        history pages, ``allow_fp8_mma`` not a bool, an ``out`` whose memory overlaps an
+        input. NotImplementedError: topk != 16 on Triton.
     """
     dev = _check_paged(cache, block_table, seq_lens)
     if not isinstance(allow_fp8_mma, bool):
@@ -364,6 +386,9 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     topk = v.check_topk(topk, backend)
     if out is not None:
         v.check_out(out, t, h, topk, dev)
+        v.check_no_overlap("out", out, (("index_q", index_q), ("cache", cache),
+                                        ("block_table", block_table),
+                                        ("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens)))
     v.check_prefill_values(block_table, cu_seqlens_q, seq_lens, t, cache.shape[0])
     if max_gather_pages is None:
         max_gather_pages = ref.max_gather_pages(max(block_table.shape[1], 1) * PAGE_SIZE,
@@ -385,7 +410,55 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     return result if out is None else out.copy_(result)
 
 
-class DecodeIndexerWrapper:
+class PlannedDecodeBuffers:
+    """What the decode wrappers share (SPEC 6): the caller's persistent ``block_table``
+    ``[B, W]`` and ``seq_lens`` ``[B]`` buffers, read in place by ``run()``; the query length
+    fixed at the first ``plan()``; the plan's copies into those buffers; padding rows."""
+
+    _name = "DecodeIndexerWrapper"
+
+    def _set_buffers(self, num_heads: int, block_table_buffer: torch.Tensor,
+                     seq_lens_buffer: torch.Tensor, use_cuda_graph: bool) -> None:
+        self.num_heads = num_heads
+        self.block_table = block_table_buffer
+        self.seq_lens = seq_lens_buffer
+        self.use_cuda_graph = use_cuda_graph
+        self.query_len: int | None = None
+        self._runner = None
+
+    @property
+    def num_reqs(self) -> int:
+        return self.block_table.shape[0]
+
+    def _copy_plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                   non_blocking: bool = False) -> None:
+        """Copy a validated ``block_table [B, W']`` (its first W columns when wider) and
+        ``seq_lens [B]`` into the buffers (``validation.copy_planned``: nothing for the
+        buffers themselves, overlapping views from clones)."""
+        cols = min(self.block_table.shape[1], block_table.shape[1])
+        v.copy_planned(((seq_lens, self.seq_lens),
+                        (block_table[:, :cols], self.block_table[:, :cols])), non_blocking)
+
+    def _planned_rows(self) -> int:
+        """B * Q of the plan; RuntimeError before the first ``plan()``."""
+        if self.query_len is None:
+            raise RuntimeError(f"{self._name}.run() called before plan()")
+        return self.num_reqs * self.query_len
+
+    def _check_not_capturing(self) -> None:
+        if self.block_table.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{self._name}: the reference backend syncs and cannot be "
+                               "captured in a CUDA graph; use backend='triton'")
+
+    @staticmethod
+    def _padding_rows(out: torch.Tensor) -> torch.Tensor:
+        """Every row is a padding row ``[0, -1 x 15]`` (SPEC 5): a block table of width 0."""
+        out.fill_(-1)
+        out[..., 0] = 0
+        return out
+
+
+class DecodeIndexerWrapper(PlannedDecodeBuffers):
     """Decode indexer for one (padded batch size B, query length Q), CUDA-graph safe (SPEC 6).
 
     The wrapper reads the caller's persistent ``block_table_buffer`` int32 ``[B, W]`` and
@@ -415,11 +488,11 @@ class DecodeIndexerWrapper:
             GPU the Triton backend then multiplies E4M3 operands on the FP8 tensor cores
             where that is faster (large batches; ``nvfp4_indexer.triton.DecodeConfig``
             ``dot="fp8"``), exactly elsewhere. Observed worst error ~2^-13 of a row's
-            magnitude; docs/benchmarks.md (issue 13, twelfth step) gives speed and
-            selections. No effect on the reference backend or off CUDA (exact).
+            magnitude; docs/benchmarks.md gives speed and selections. No effect on the
+            reference backend or off CUDA (exact).
     Raises:
-        ValueError: bad buffers, ``num_heads``, ``score_buffer``, ``num_blocks`` or
-        ``allow_fp8_mma`` (not a bool).
+        ValueError: bad buffers (or buffers whose memory overlaps), ``num_heads``,
+        ``score_buffer``, ``num_blocks`` or ``allow_fp8_mma`` (not a bool).
     """
 
     def __init__(self, num_heads: int, *, block_table_buffer: torch.Tensor,
@@ -429,28 +502,18 @@ class DecodeIndexerWrapper:
         num_heads = v.check_int("num_heads", num_heads, lo=1)
         if not isinstance(allow_fp8_mma, bool):
             v.fail("allow_fp8_mma", "a bool", repr(allow_fp8_mma))
-        v.check_tensor("block_table_buffer", block_table_buffer, dtypes=(torch.int32,), ndim=2,
-                       contiguous=True)
-        dev = block_table_buffer.device
-        v.check_tensor("seq_lens_buffer", seq_lens_buffer, dtypes=(torch.int32,),
-                       shape=(block_table_buffer.shape[0],), device=dev, contiguous=True)
+        dev = v.check_plan_buffers(block_table_buffer, seq_lens_buffer)
         self.num_blocks = v.check_int("num_blocks", num_blocks, lo=0, optional=True)
         self.backend = v.check_backend(backend, dev)
         self.allow_fp8_mma = allow_fp8_mma
         if score_buffer is not None:
             _check_score_buffer(score_buffer, dev, *block_table_buffer.shape, num_heads,
                                 _runner_config(allow_fp8_mma, dev, self.backend))
-        self.num_heads = num_heads
-        self.block_table = block_table_buffer
-        self.seq_lens = seq_lens_buffer
-        self.use_cuda_graph = use_cuda_graph
+            v.check_no_overlap("score_buffer", score_buffer,
+                               (("block_table_buffer", block_table_buffer),
+                                ("seq_lens_buffer", seq_lens_buffer)))
+        self._set_buffers(num_heads, block_table_buffer, seq_lens_buffer, use_cuda_graph)
         self.score_buffer = score_buffer
-        self.query_len: int | None = None
-        self._runner = None
-
-    @property
-    def num_reqs(self) -> int:
-        return self.block_table.shape[0]
 
     def runner_config(self):
         """The Triton runner's ``DecodeConfig``: ``dot="fp8"`` with ``allow_fp8_mma`` on a
@@ -459,7 +522,11 @@ class DecodeIndexerWrapper:
 
     def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, query_len: int, *,
              num_blocks: int | None = None) -> None:
-        """Validate this step's metadata (syncs) and copy it into the wrapper's buffers.
+        """Validate this step's metadata (syncs) and copy it into the wrapper's buffers:
+        nothing is copied for a tensor that is the buffer itself (same data pointer, shape,
+        strides and dtype; for ``block_table``, the buffer's first W' columns), and a tensor
+        that overlaps a buffer otherwise is copied from a clone, so ``run()`` reads what
+        ``plan()`` validated.
 
         Args:
             block_table: int32 ``[B, W']`` with W' <= W (the buffer itself is fine);
@@ -488,11 +555,7 @@ class DecodeIndexerWrapper:
             self._runner = _kernels().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 config=self.runner_config(), warmup=self.use_cuda_graph and dev.type == "cuda")
-        if seq_lens.data_ptr() != self.seq_lens.data_ptr():
-            self.seq_lens.copy_(seq_lens)
-        if block_table.data_ptr() != self.block_table.data_ptr() or \
-                block_table.stride() != self.block_table.stride():
-            self.block_table[:, :block_table.shape[1]].copy_(block_table)
+        self._copy_plan(block_table, seq_lens)
         self.query_len = query_len
         self.num_blocks = num_blocks
 
@@ -511,18 +574,14 @@ class DecodeIndexerWrapper:
             ``out``.
         Raises:
             RuntimeError: ``run()`` before ``plan()``, or the reference backend under capture.
-            ValueError: shapes, dtypes, devices (metadata only, no sync); a cache with fewer
-            blocks than the plan checked against, or with none (Triton); block ids outside
-            the cache (reference, which syncs).
+            ValueError: shapes, dtypes, devices (metadata only, no sync); an ``out`` whose
+            memory overlaps ``index_q``, the cache or the wrapper's buffers; a cache with
+            fewer blocks than the plan checked against, or with none (Triton); block ids
+            outside the cache (reference, which syncs).
         """
-        if self.query_len is None:
-            raise RuntimeError("DecodeIndexerWrapper.run() called before plan()")
-        dev = self.block_table.device
-        rows = self.num_reqs * self.query_len
-        v.check_cache(cache)
-        v.check_tensor("cache", cache, device=dev)
-        v.check_index_q(index_q, rows=rows, num_heads=self.num_heads, device=dev)
-        v.check_out(out, rows, self.num_heads, TOPK, dev)
+        rows = self._planned_rows()
+        v.check_run(index_q, cache, out, rows, self.num_heads, self.block_table, self.seq_lens,
+                    self.score_buffer)
         n_cache = cache.shape[0]
         if self.num_blocks is not None and n_cache < self.num_blocks:
             v.fail("cache", f"at least {self.num_blocks} blocks (plan() checked block ids "
@@ -532,17 +591,13 @@ class DecodeIndexerWrapper:
         if rows == 0:
             return out
         if self.block_table.shape[1] == 0:  # every request is padding (SPEC 5)
-            out.fill_(-1)
-            out[..., 0] = 0
-            return out
+            return self._padding_rows(out)
         if self.backend == "triton":
             if n_cache == 0:  # the kernels clamp block ids into [0, num_blocks): none exists
                 v.fail("cache", "at least 1 block (backend 'triton')", "0 blocks")
             self._runner.run(index_q, cache, self.block_table, self.seq_lens, out)
             return out
-        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("DecodeIndexerWrapper: the reference backend syncs and cannot "
-                               "be captured in a CUDA graph; use backend='triton'")
+        self._check_not_capturing()
         # as the kernels: seq_lens clamped to the block-table width (buffers edited after plan)
         seq_lens = self.seq_lens.clamp(0, self.block_table.shape[1] * PAGE_SIZE)
         v.check_block_table_values(self.block_table, history_pages(seq_lens), n_cache,

@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 
 from . import validation as v
-from .constants import HEAD_DIM, TOPK
+from .api import PlannedDecodeBuffers
+from .constants import HEAD_DIM
 from .reference import candidates as ref_cand
 
 __all__ = ["ContextParallelDecodeWrapper", "EXCHANGES", "exchange_bytes"]
@@ -80,7 +81,7 @@ def exchange_bytes(num_reqs: int, query_len: int, num_heads: int, world: int,
             "cand_recv": c_recv, "total_recv": (world - 1) * q + c_recv}
 
 
-class ContextParallelDecodeWrapper:
+class ContextParallelDecodeWrapper(PlannedDecodeBuffers):
     """Decode indexer for one (padded batch B, query length Q) split over the ranks of a
     ``torch.distributed`` group (SPEC 6, 8.2); same ``plan`` / ``run`` interface as
     ``DecodeIndexerWrapper``.
@@ -110,6 +111,8 @@ class ContextParallelDecodeWrapper:
             ``Q * W * H_r > 64``.
     """
 
+    _name = "ContextParallelDecodeWrapper"
+
     def __init__(self, num_heads: int, group=None, *, block_table_buffer: torch.Tensor,
                  seq_lens_buffer: torch.Tensor, query_len: int | None = None,
                  use_cuda_graph: bool = True, backend: str = "auto",
@@ -122,14 +125,9 @@ class ContextParallelDecodeWrapper:
         self.rank = dist.get_rank(self.group)
         if self.rank < 0:
             v.fail("group", "a group this process belongs to", "a group without this rank")
-        self.block_table = block_table_buffer
-        self.seq_lens = seq_lens_buffer
-        self.num_heads = num_heads
-        self.use_cuda_graph = use_cuda_graph
+        self._set_buffers(num_heads, block_table_buffer, seq_lens_buffer, use_cuda_graph)
         self.exchange = exchange
         self.runner_options = dict(runner_options or {})
-        self.query_len: int | None = None
-        self._runner = None
         error = None
         try:
             self._check_local(query_len, backend)
@@ -144,11 +142,7 @@ class ContextParallelDecodeWrapper:
     def _check_local(self, query_len, backend) -> None:
         if not v.is_int(self.num_heads) or self.num_heads < 1:
             v.fail("num_heads", "a positive int", repr(self.num_heads))
-        v.check_tensor("block_table_buffer", self.block_table, dtypes=(torch.int32,), ndim=2,
-                       contiguous=True)
-        dev = self.block_table.device
-        v.check_tensor("seq_lens_buffer", self.seq_lens, dtypes=(torch.int32,),
-                       shape=(self.block_table.shape[0],), device=dev, contiguous=True)
+        dev = v.check_plan_buffers(self.block_table, self.seq_lens)
         if self.exchange not in EXCHANGES:
             v.fail("exchange", " or ".join(repr(e) for e in EXCHANGES), repr(self.exchange))
         if query_len is not None:
@@ -225,10 +219,6 @@ class ContextParallelDecodeWrapper:
     # ----------------------------------------------------------------------- plan / run
 
     @property
-    def num_reqs(self) -> int:
-        return self.block_table.shape[0]
-
-    @property
     def error_bits(self) -> int | None:
         """SPEC 9's b of the Triton scores (None: the reference is exact)."""
         return None if self._runner is None else self._runner.error_bits
@@ -246,7 +236,9 @@ class ContextParallelDecodeWrapper:
         Raises:
             ValueError: shapes, ranges (SPEC 6, 10), a changed ``query_len``, or (first plan)
             ranks planning different Q. NotImplementedError: Q * W * H_r > 64 on Triton.
-        Nothing is copied when it raises. Every rank must plan the same metadata.
+        Nothing is copied when it raises. Every rank must plan the same metadata. As in
+        ``DecodeIndexerWrapper.plan``, a tensor that is the buffer itself is not copied and
+        one that overlaps a buffer otherwise is copied from a clone.
         """
         first = self.query_len is None
         error = None
@@ -259,11 +251,7 @@ class ContextParallelDecodeWrapper:
         if first:
             self._agree(error, query_len=query_len)
             self._agree(self._try_setup(query_len))
-        if seq_lens.data_ptr() != self.seq_lens.data_ptr():
-            self.seq_lens.copy_(seq_lens)
-        if block_table.data_ptr() != self.block_table.data_ptr() or \
-                block_table.stride() != self.block_table.stride():
-            self.block_table[:, :block_table.shape[1]].copy_(block_table)
+        self._copy_plan(block_table, seq_lens)
 
     def buffer_bytes(self) -> int:
         """Device bytes this wrapper allocated itself: exchange buffers and runner scratch."""
@@ -289,13 +277,7 @@ class ContextParallelDecodeWrapper:
                                "wrapper with query_len (its setup is collective)")
         if query_len != self.query_len:
             v.fail("query_len", f"{self.query_len} (one wrapper per query length)", query_len)
-        b, w = self.block_table.shape
-        if seq_lens.data_ptr() != self.seq_lens.data_ptr():
-            self.seq_lens.copy_(seq_lens, non_blocking=True)
-        cols = min(w, block_table.shape[1])
-        if block_table.data_ptr() != self.block_table.data_ptr() or \
-                block_table.stride() != self.block_table.stride():
-            self.block_table[:, :cols].copy_(block_table[:, :cols], non_blocking=True)
+        self._copy_plan(block_table, seq_lens, non_blocking=True)
 
     def _check_plan(self, block_table, seq_lens, query_len, num_blocks) -> None:
         query_len = v.check_query_len(query_len)
@@ -314,18 +296,13 @@ class ContextParallelDecodeWrapper:
             ``out``: equal to ``decode_indexer`` of this rank's queries alone (SPEC 8.2, 9).
         Raises:
             RuntimeError: ``run()`` before ``plan()``, or the reference backend under capture.
-            ValueError: shapes, dtypes, devices (metadata only, no sync). These depend only
-            on shapes, so the ranks raise together when they pass the same shapes.
+            ValueError: shapes, dtypes, devices, an ``out`` whose memory overlaps
+            ``index_q``, the cache or the buffers (metadata only, no sync). These depend only
+            on shapes and addresses, so the ranks raise together when they pass alike tensors.
         """
-        if self.query_len is None:
-            raise RuntimeError("ContextParallelDecodeWrapper.run() called before plan()")
-        dev = self.block_table.device
+        rows = self._planned_rows()
         q_len, hr, world = self.query_len, self.num_heads, self.world
-        rows = self.num_reqs * q_len
-        v.check_cache(cache)
-        v.check_tensor("cache", cache, device=dev)
-        v.check_index_q(index_q, rows=rows, num_heads=hr, device=dev)
-        v.check_out(out, rows, hr, TOPK, dev)
+        v.check_run(index_q, cache, out, rows, hr, self.block_table, self.seq_lens)
         if rows == 0:
             return out
         if cache.shape[0] == 0:  # same shapes on every rank: all ranks raise together
@@ -337,13 +314,9 @@ class ContextParallelDecodeWrapper:
                                        history_pages(self.seq_lens.to(torch.long)),
                                        cache.shape[0], name="block_table_buffer")
         if self.block_table.shape[1] == 0:  # every request is padding (SPEC 5)
-            out.fill_(-1)
-            out[..., 0] = 0
-            return out
-        if self.backend != "triton" and dev.type == "cuda" \
-                and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("ContextParallelDecodeWrapper: the reference backend syncs and "
-                               "cannot be captured in a CUDA graph; use backend='triton'")
+            return self._padding_rows(out)
+        if self.backend != "triton":
+            self._check_not_capturing()
         # 1. queries of every rank's heads: [W, rows, H_r, 128] -> [rows, W*H_r, 128]
         q8 = index_q.view(torch.uint8)
         if not q8.is_contiguous():

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -63,7 +64,7 @@ import torch
 
 from . import validation as v
 from .api import DecodeIndexerWrapper, _kernels, max_gather_pages
-from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_SIZE, TOPK
+from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_BYTES, PAGE_SIZE, TOPK
 from .copy_graphs import CopyGraphs
 from .reference.paging import history_page_count, local_pages
 
@@ -109,10 +110,13 @@ class IndexerConfig:
         max_decode_query_len: most queries per decode request (1..8: speculative decoding
             with up to 7 draft tokens).
         cudagraph_batch_sizes: padded decode batch sizes the engine captures (ints >= 1).
-        device: where the buffers live (default: torch's current default device).
-        context_parallel_group: a ``torch.distributed`` group for decode context parallelism
-            (SPEC 8.2; ``Indexer`` builds one ``ContextParallelDecodeWrapper`` per (padded
-            batch size, Q), exchanging candidates by all-gather).
+        device: where the buffers live (default: torch's current default device), stored as
+            the device ``torch.empty(0, device=device)`` uses ("cpu:0" becomes "cpu", "cuda"
+            the current CUDA device; SPEC 10).
+        context_parallel_group: None, or a ``torch.distributed.ProcessGroup`` for decode
+            context parallelism (SPEC 8.2; ``Indexer`` builds one
+            ``ContextParallelDecodeWrapper`` per (padded batch size, Q), exchanging
+            candidates by all-gather).
         allow_fp8_mma: scores may be inexact (SPEC 9 b = 5): E4M3 operands on SM90's FP8
             tensor cores where faster -- the decode wrappers' ``allow_fp8_mma`` (ignored with
             ``context_parallel_group``: its decoders score exactly) and, on the Triton
@@ -122,8 +126,9 @@ class IndexerConfig:
         topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
             indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
-        ValueError: a non-positive size or one past int32 (2**31 - 1), bad batch sizes or
-        device, ``allow_fp8_mma`` not a bool. NotImplementedError:
+        ValueError: a non-positive size or one past int32 (2**31 - 1), bad batch sizes, a
+        device that does not exist, ``allow_fp8_mma`` not a bool. TypeError:
+        ``context_parallel_group`` neither None nor a ``ProcessGroup``. NotImplementedError:
         ``max_decode_query_len`` > 8, ``num_heads * max_decode_query_len`` > 64, or another
         top-k / block setting; the message names the supported values.
     """
@@ -183,17 +188,15 @@ class IndexerConfig:
                 v.fail("cudagraph_batch_sizes", "a sequence of positive ints",
                        repr(self.cudagraph_batch_sizes))
         object.__setattr__(self, "cudagraph_batch_sizes", tuple(sorted({int(s) for s in sizes})))
-        try:
-            dev = torch.device(self.device) if self.device is not None else \
-                torch.get_default_device()
-        except (RuntimeError, TypeError) as e:
-            v.fail("device", "a torch device", f"{self.device!r} ({e})")
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            v.fail("device", "a device this torch build can use (no CUDA device is available)",
-                   repr(self.device))
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        object.__setattr__(self, "device", dev)
+        object.__setattr__(self, "device", v.check_device("device", self.device))
+        group = self.context_parallel_group
+        if group is not None:
+            import torch.distributed as dist
+            pg = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
+            if pg is None or not isinstance(group, pg):
+                raise TypeError(f"context_parallel_group: expected None or a "
+                                f"torch.distributed.ProcessGroup, got {type(group).__name__} "
+                                f"({group!r:.60})")
 
     @property
     def max_pages(self) -> int:
@@ -319,6 +322,9 @@ def plan_prefill_chunks(query_start_loc: list[int], seq_lens: list[int], budget:
 @dataclass(frozen=True)
 class IndexerMetadata:
     """What ``Indexer.plan`` produced for one step (valid until the next ``plan()``).
+    ``Indexer.forward`` accepts only the object its latest ``plan()`` returned (SPEC 8.1):
+    not metadata of another ``Indexer``, of an older plan, built by hand or copied with
+    ``dataclasses.replace``.
 
     Attributes:
         num_decodes: decode requests (padding included). decode_query_len: their Q (0: none).
@@ -330,6 +336,10 @@ class IndexerMetadata:
         decode_inputs: in a step with prefill requests (never captured), the step's own
             decode ``(block_table [B, W] view, seq_lens)`` the Triton decode wrapper reads at
             ``forward`` instead of copies in its buffers (None: the buffers).
+        generation: the planning ``Indexer``'s plan count. owner: a weak reference to it.
+        reads: ``(name, byte span)`` (``validation.byte_span``) of the tensors ``forward``
+            reads or writes besides ``index_q``, ``cache`` and ``out``: ``out`` may overlap
+            none of them.
     """
 
     num_decodes: int
@@ -342,6 +352,8 @@ class IndexerMetadata:
     prefill_chunks: list = field(default_factory=list)
     generation: int = 0
     decode_inputs: Any = None  # a mixed step's decode (block table, seq lens) read in place
+    owner: Any = field(default=None, repr=False, compare=False)
+    reads: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def decode_only(self) -> bool:
@@ -480,7 +492,7 @@ class _Staging:
     def __init__(self, max_seqs: int, max_blocks: int, device: torch.device):
         s = max_seqs
         self.qsl_at, self.off_at, self.pages_at, self.blk_at = s, 2 * s + 1, 4 * s + 1, 5 * s + 1
-        n = self.blk_at + 2 * max_blocks
+        n = self.elems(max_seqs, max_blocks)
         self.size, self.max_blocks = n, max_blocks
         self.host = torch.zeros(n, dtype=torch.int32)
         self.host_np = self.host.numpy()
@@ -494,6 +506,11 @@ class _Staging:
         self._caps: dict = {}
         self._views: dict = {}  # views() cache
         self._copies: dict = {}  # copy() cache
+
+    @staticmethod
+    def elems(max_seqs: int, max_blocks: int) -> int:
+        """int32 elements of one staging buffer (the regions above)."""
+        return 5 * max_seqs + 1 + 2 * max_blocks
 
     def caps(self, n: int) -> torch.Tensor:
         """Device view of the first ``n`` seq-len caps (cached by n)."""
@@ -541,7 +558,10 @@ class Indexer:
     the same step metadata. Prefill is not split.
 
     Raises:
-        ValueError: a bad backend for the config's device.
+        ValueError: a bad backend for the config's device; buffers the device cannot hold
+        (``memory_bytes()`` is computed before anything is allocated: past the device's
+        total memory, or refused by its allocator): the message names the config field that
+        sized the largest buffer, the bytes asked for and ``memory_bytes()``'s figures.
     """
 
     def __init__(self, config: IndexerConfig, *, backend: str = "auto"):
@@ -561,19 +581,31 @@ class Indexer:
                     f"num_heads * group size * max_decode_query_len <= 64 rows per request, "
                     f"got {c.num_heads} * {world} * {c.max_decode_query_len}")
         self._generation = 0
-        self.workspace = torch.empty((c.gather_pages, PAGE_SIZE, HEAD_DIM),
-                                     dtype=torch.float8_e4m3fn, device=dev)
+        self._ref = weakref.ref(self)  # IndexerMetadata.owner (weak: no cycle through _latest)
+        self._latest: IndexerMetadata | None = None  # what forward accepts
         self.max_decode_reqs = c.max_decode_reqs
-        # One block table / seq lens buffer for all decode wrappers (rows [:B] of each).
-        self.decode_block_table = torch.zeros((self.max_decode_reqs, c.max_pages),
-                                              dtype=torch.int32, device=dev)
-        self.decode_seq_lens = torch.zeros(self.max_decode_reqs, dtype=torch.int32, device=dev)
-        self.score_buffer = torch.empty(self._score_buffer_elems(), dtype=torch.float32,
-                                        device=dev)
-        self.decoders: dict[tuple[int, int], _Decoder] = {}
         # row blocks of one step: each request's rows in blocks of >= 16 rows
         max_blocks = c.max_num_seqs + _cdiv(c.max_num_batched_tokens * c.num_heads, 16)
-        self._staging = [_Staging(c.max_num_seqs, max_blocks, dev) for _ in range(_NUM_STAGING)]
+        self._bytes = self._buffer_bytes(max_blocks)  # refuses what cannot fit, allocates none
+        alloc = self._allocate
+        self.workspace = alloc("workspace", lambda: torch.empty(
+            (c.gather_pages, PAGE_SIZE, HEAD_DIM), dtype=torch.float8_e4m3fn, device=dev))
+        # One block table / seq lens buffer for all decode wrappers (rows [:B] of each).
+        self.decode_block_table, self.decode_seq_lens = alloc("decode_buffers", lambda: (
+            torch.zeros((self.max_decode_reqs, c.max_pages), dtype=torch.int32, device=dev),
+            torch.zeros(self.max_decode_reqs, dtype=torch.int32, device=dev)))
+        self.score_buffer = alloc("score_scratch", lambda: torch.empty(
+            self._bytes["score_scratch"] // 4, dtype=torch.float32, device=dev))
+        self.decoders: dict[tuple[int, int], _Decoder] = {}
+        self._staging = alloc("staging_device", lambda: [
+            _Staging(c.max_num_seqs, max_blocks, dev) for _ in range(_NUM_STAGING)])
+        # byte spans of the buffers forward reads or writes besides index_q, cache and out
+        self._own_spans = tuple((name, v.byte_span(t)) for name, t in (
+            ("the Indexer's workspace", self.workspace),
+            ("the Indexer's decode_block_table", self.decode_block_table),
+            ("the Indexer's decode_seq_lens", self.decode_seq_lens),
+            ("the Indexer's score_buffer", self.score_buffer),
+            *(("the Indexer's staging", st.dev) for st in self._staging)))
         self._budget = c.gather_pages
         self._blocks: dict = {}  # _single_blocks cache
         self._slot = 0
@@ -609,7 +641,7 @@ class Indexer:
         tun = resolve_tuning(dev)
         base = dict(FROM_SEQ_LENS=False, PORTABLE=tun.portable, TOK_BLOCK=tun.tok_block,
                     PAGE_PARTS=tun.page_parts, STREAM=tun.streaming, num_warps=tun.num_warps)
-        # eager launches with little host work (triton.launcher; issue 14), per PAGES;
+        # eager launches with little host work (triton.launcher), per PAGES;
         # "ptx" reads uint16 code pairs: a cache not 2-byte aligned takes the byte path
         from .triton.launcher import CachedLaunch
         self._gather = {p: CachedLaunch(_gather_kernel, **base, PAGES=p, DEQUANT=tun.dequant)
@@ -656,20 +688,72 @@ class Indexer:
                                                 sms)["scratch"]
         return max(dec, pre, 2)
 
+    def _buffer_bytes(self, max_blocks: int) -> dict[str, int]:
+        """``memory_bytes()``'s buffers, from the config alone (nothing allocated); refuses
+        (``validation.check_fits``) sizes past the device's memory, naming the field that
+        sized the largest buffer. The closed-form sizes are checked before the score
+        scratch's, which is computed over every decode batch size."""
+        c = self.config
+        on_device = c.device.type != "cpu"  # staging: device twins off the CPU
+        staging = _NUM_STAGING * 4 * _Staging.elems(c.max_num_seqs, max_blocks)
+        d = {"workspace": c.gather_pages * PAGE_SIZE * HEAD_DIM,
+             "decode_buffers": self.max_decode_reqs * (c.max_pages + 1) * 4,
+             "staging_device": staging if on_device else 0, "staging_host": staging}
+        self._check_fits(d)
+        d["score_scratch"] = 4 * self._score_buffer_elems()
+        self._check_fits(d)
+        return d
+
+    def _sized_by(self, buffer: str) -> str:
+        """The config field that makes ``buffer`` (a ``memory_bytes()`` key) large."""
+        c = self.config
+        if buffer == "workspace":
+            return "max_model_len" if c.max_model_len >= 4 * c.max_num_batched_tokens else \
+                "max_num_batched_tokens"
+        if buffer == "decode_buffers":
+            return "max_model_len" if c.max_pages >= self.max_decode_reqs else \
+                "max_num_seqs" if c.max_num_seqs == self.max_decode_reqs else \
+                "cudagraph_batch_sizes"
+        if buffer == "score_scratch":
+            return "max_model_len"
+        # staging: the step's requests and its (token, head) row blocks
+        return "max_num_batched_tokens" if c.max_num_batched_tokens * c.num_heads \
+            >= 16 * c.max_num_seqs else "max_num_seqs"
+
+    def _asked(self, buffer: str, d: dict) -> tuple[str, str]:
+        """(field, what it asks for) of an allocation error naming ``buffer``."""
+        f = self._sized_by(buffer)
+        sizes = ", ".join(f"{k}={n}" for k, n in d.items())
+        return f, (f"{f}={getattr(self.config, f)!r} sizes {buffer}, {d[buffer]} bytes; "
+                   f"memory_bytes(): {sizes}")
+
+    def _check_fits(self, d: dict) -> None:
+        """The device buffers, and the host staging, within memory (SPEC 10); on the CPU
+        both at once."""
+        dev = self.config.device
+        groups = [(dev, list(d))] if dev.type == "cpu" else \
+            [(dev, [k for k in d if k != "staging_host"]), (torch.device("cpu"), ["staging_host"])]
+        for where, keys in groups:
+            f, asked = self._asked(max(keys, key=d.get), d)
+            v.check_fits(f, sum(d[k] for k in keys), where, f"Indexer buffers on {where}; "
+                         + asked)
+
+    def _allocate(self, buffer: str, make):
+        """``make()`` the buffer(s) ``memory_bytes()`` calls ``buffer``; an allocator failure
+        is a ValueError naming the field that sized it and the bytes (SPEC 10)."""
+        f, asked = self._asked(buffer, self._bytes)
+        return v.allocate(f, self._bytes[buffer], self.config.device, asked, make)
+
     def memory_bytes(self) -> dict[str, int]:
         """Device (and host staging) memory the indexer holds, in bytes, by buffer:
         ``workspace``, ``score_scratch``, ``decode_buffers`` (shared block table / seq lens),
         ``staging_device``, ``staging_host``, ``decoders`` (the exchange buffers and
         scratch of context-parallel decoders created so far: they are allocated at the first
         use of a (padded batch size, Q); 0 without ``context_parallel_group``) and
-        ``total_device``. The FP8 workspace dominates at long contexts.
+        ``total_device``. The FP8 workspace dominates at long contexts. All but
+        ``decoders`` are computed from the config before anything is allocated.
         """
-        nb = lambda t: t.numel() * t.element_size()  # noqa: E731
-        d = {"workspace": nb(self.workspace), "score_scratch": nb(self.score_buffer),
-             "decode_buffers": nb(self.decode_block_table) + nb(self.decode_seq_lens)}
-        copies = self._staging[0].copies
-        d["staging_device"] = sum(nb(s.dev) for s in self._staging) if copies else 0
-        d["staging_host"] = sum(nb(s.host) for s in self._staging)
+        d = dict(self._bytes)
         d["decoders"] = sum(dec.buffer_bytes() for dec in self.decoders.values()
                             if hasattr(dec, "buffer_bytes"))
         d["total_device"] = (d["workspace"] + d["score_scratch"] + d["decode_buffers"]
@@ -956,8 +1040,14 @@ class Indexer:
                 inputs = dec.plan_eager(bt_d, sq_d, q)
             else:
                 dec.plan_from_host(bt_d, sq_d, q)
-        return IndexerMetadata(nd, q, nd * q, p0, pre_rows, max(nd * q, p0 + pre_rows), dec,
-                               chunks, self._generation, inputs)
+        reads = self._own_spans
+        if nd < r:  # the step's tensors that eager rows read at forward
+            reads += (("the step's block_table", v.byte_span(step.block_table)),
+                      ("the step's seq_lens", v.byte_span(step.seq_lens)))
+        md = self._latest = IndexerMetadata(
+            nd, q, nd * q, p0, pre_rows, max(nd * q, p0 + pre_rows), dec, chunks,
+            self._generation, inputs, self._ref, reads)
+        return md
 
     def _plan_prefill(self, bt_all, seq_lens, pq, ps) -> list[PrefillChunk]:
         """Chunks of the step's prefill requests (SPEC 7) from their block table rows
@@ -1192,7 +1282,7 @@ class Indexer:
 
     def _forward_inputs_plain(self, index_q, cache, metadata, out) -> bool:
         """True when ``_check_forward_full`` plainly passes (every condition implies it)."""
-        if type(metadata) is IndexerMetadata and metadata.generation == self._generation \
+        if metadata is self._latest and metadata is not None \
                 and self._fast_device and type(index_q) is torch.Tensor \
                 and type(cache) is torch.Tensor and type(out) is torch.Tensor \
                 and index_q.dtype == torch.float8_e4m3fn and cache.dtype == torch.uint8 \
@@ -1205,17 +1295,27 @@ class Indexer:
                     and os_[1] == h and os_[2] == TOPK and out.is_contiguous()
                     and len(cs) == 3 and cs[0] >= 1 and cs[1] == PAGE_SIZE and cs[2] == 72
                     and cst[1] == 72 and cst[2] == 1 and cst[0] >= 9216 and cst[0] % 16 == 0):
+                # out's bytes overlap nothing forward reads (validation.check_no_overlap)
+                lo = out.data_ptr()
+                hi = lo + os_[0] * h * TOPK * 4
+                if hi == lo:
+                    return True
+                c0 = cache.data_ptr()
+                if c0 < hi and lo < c0 + (cs[0] - 1) * cst[0] + PAGE_BYTES:
+                    return False
+                if qs[0]:
+                    q0, qst = index_q.data_ptr(), index_q.stride()
+                    if q0 < hi and lo < q0 + (qs[0] - 1) * qst[0] + (h - 1) * qst[1] + HEAD_DIM:
+                        return False
+                for _, (a, b) in metadata.reads:
+                    if a < hi and lo < b:
+                        return False
                 return True
         return False
 
     def _check_forward_full(self, index_q, cache, metadata, out) -> None:
         c, dev = self.config, self.device
-        if not isinstance(metadata, IndexerMetadata):
-            raise TypeError(f"metadata: expected an IndexerMetadata, got "
-                            f"{type(metadata).__name__}")
-        if metadata.generation != self._generation:
-            raise RuntimeError("metadata: expected the IndexerMetadata of the latest plan() "
-                               f"(plan {self._generation}), got plan {metadata.generation}")
+        self._check_metadata(metadata)
         v.check_cache(cache)
         v.check_tensor("cache", cache, device=dev)
         v.check_index_q(index_q, num_heads=c.num_heads, device=dev)
@@ -1227,7 +1327,37 @@ class Indexer:
                 v.fail(name, f"at least {rows} rows (the step's)", f"shape {tuple(t.shape)}")
         if rows and cache.shape[0] == 0:
             v.fail("cache", "at least one block", "an empty cache (0 blocks)")
+        v.check_no_overlap("out", out, (("index_q", index_q), ("cache", cache))
+                           + metadata.reads)
 
+    def _check_metadata(self, md) -> None:
+        """``md`` is what this Indexer's latest ``plan()`` returned, or a faithful copy of it
+        (SPEC 8.1); the error names the fields that differ from that plan's."""
+        if not isinstance(md, IndexerMetadata):
+            raise TypeError(f"metadata: expected an IndexerMetadata, got {type(md).__name__}")
+        latest = self._latest
+        if md is latest:
+            return
+        owner = md.owner() if isinstance(md.owner, weakref.ref) else None
+        if owner is self and md.generation != self._generation:
+            raise RuntimeError("metadata: expected the IndexerMetadata of the latest plan() "
+                               f"(plan {self._generation}), got plan {md.generation}")
+        diff = _changed_fields(md, latest) if latest is not None else []
+        if owner is self and latest is not None and not diff:
+            return  # a copy of the latest plan's metadata
+        if owner is self:
+            what = "a changed copy of this Indexer's"
+        elif md.owner is None:
+            what = "metadata built by hand (owner None)"
+        else:
+            what = "metadata of another Indexer" + (
+                f" (num_heads={owner.config.num_heads})" if isinstance(owner, Indexer) else "")
+        if latest is None:
+            what += ", before this Indexer's first plan()"
+        elif diff:
+            what += "; fields unlike the plan's: " + ", ".join(
+                f"{n}={getattr(md, n)!r:.48}" for n in diff if n != "owner")
+        v.fail("metadata", "the IndexerMetadata this Indexer's latest plan() returned", what)
     def forward(self, index_q: torch.Tensor, cache: torch.Tensor, metadata: IndexerMetadata,
                 out: torch.Tensor) -> torch.Tensor:
         """Select pages for every row of the planned step into ``out`` (SPEC 8.1).
@@ -1244,8 +1374,11 @@ class Indexer:
         Returns:
             ``out``.
         Raises:
-            TypeError / ValueError: shapes, dtypes, devices (metadata only, no sync).
-            RuntimeError: metadata from an older ``plan()``.
+            TypeError / ValueError: shapes, dtypes, devices (metadata only, no sync); an
+            ``out`` whose memory overlaps ``index_q``, the cache or what the step reads;
+            ``metadata`` not returned by this Indexer's ``plan()`` (another Indexer's, built
+            by hand, a copy), naming the fields that differ.
+            RuntimeError: metadata from an older ``plan()`` of this Indexer.
         """
         self._check_forward(index_q, cache, metadata, out)
         if self.backend != "triton":  # reference: every page the step reads is in the cache
@@ -1344,6 +1477,18 @@ class Indexer:
             keys = self.workspace[offsets[i]:offsets[i + 1]]
             scores, _ = scores_from_keys(q[lo:hi], keys, local)
             out[lo:hi] = select_pages(scores, local, TOPK)
+
+
+def _changed_fields(md: IndexerMetadata, planned: IndexerMetadata) -> list[str]:
+    """Fields of ``md`` that are not the planned metadata's (the same object, or an equal
+    int)."""
+    import dataclasses
+    diff = []
+    for f in dataclasses.fields(md):
+        a, b = getattr(md, f.name), getattr(planned, f.name)
+        if a is not b and not (type(a) is int and type(b) is int and a == b):
+            diff.append(f.name)
+    return diff
 
 
 def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,

@@ -58,6 +58,13 @@ def fail(name: str, expected: str, got) -> None:
     raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
+def fail_first(name: str, bad: torch.Tensor, expected: str, got) -> None:
+    """``fail(name, expected, got(i))`` for the first index i where the 1-d bool tensor
+    ``bad`` is True; nothing when none is. Syncs."""
+    if bool(bad.any()):
+        fail(name, expected, got(int(bad.nonzero()[0, 0])))
+
+
 def check_tensor(name: str, t, *, dtypes=None, ndim=None, shape=None, device=None,
                  contiguous: bool = False) -> None:
     """Type, dtype, rank, shape (None entries are free), device and contiguity of ``t``."""
@@ -76,10 +83,163 @@ def check_tensor(name: str, t, *, dtypes=None, ndim=None, shape=None, device=Non
         for want, have in zip(shape, t.shape):
             if want is not None and want != have:
                 fail(name, f"shape {_shape_str(shape)}", f"shape {tuple(t.shape)}")
-    if device is not None and t.device != torch.device(device):
+    if device is not None and not on_device(t, device):
         fail(name, f"a tensor on {device} (like the other inputs)", f"device {t.device}")
     if contiguous and not t.is_contiguous():
         fail(name, "a contiguous tensor", f"strides {t.stride()}")
+
+
+def on_device(t: torch.Tensor, device) -> bool:
+    """Whether ``t`` is where ``torch.empty(0, device=device)`` would put it (SPEC 10): the
+    device type, and the index only where ``device`` names one ("cpu" and "cpu:0" are one
+    device; "cuda" is the current CUDA device). Reads metadata only."""
+    want = device if isinstance(device, torch.device) else torch.device(device)
+    have = t.device
+    if have == want:
+        return True
+    if have.type != want.type:
+        return False
+    if want.type == "cpu":
+        return True
+    return want.index is None and (want.type != "cuda" or
+                                   have.index == torch.cuda.current_device())
+
+
+def check_device(name: str, device) -> torch.device:
+    """The device ``torch.empty(0, device=device)`` would use (``None``: torch's default
+    device): "cpu:0" is "cpu", "cuda" the current CUDA device (SPEC 10).
+
+    Raises:
+        ValueError: naming ``name``: not a device, or a device that does not exist (no CUDA,
+        an index past the CUDA device count).
+    """
+    try:
+        dev = torch.get_default_device() if device is None else \
+            device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        fail(name, "a torch device such as 'cpu', 'cuda' or 'cuda:0'", repr(device))
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            fail(name, "a device that exists (no CUDA device is available)", repr(device))
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= count:
+            fail(name, f"a device that exists (cuda:0 .. cuda:{count - 1})", repr(device))
+        return torch.device("cuda", index)
+    try:
+        return torch.empty(0, device=dev).device
+    except (RuntimeError, AssertionError) as e:
+        fail(name, "a device that exists", f"{device!r} ({_first_line(e)})")
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` in bytes (CUDA: the card's; CPU: physical RAM), or None
+    when it is not known."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+_MAX_BYTES = 2 ** 63 - 1  # torch sizes are int64
+
+
+def check_fits(name: str, nbytes: int, device: torch.device, asked: str) -> None:
+    """Refuse an allocation of ``nbytes`` (``asked`` says who asked, e.g. "num_blocks=8 x
+    page_stride=9216") that no tensor on ``device`` can hold: past int64 or past the device's
+    total memory (SPEC 10).
+
+    Raises:
+        ValueError: naming ``name``, the bytes asked for and the device's memory.
+    """
+    cap = device_memory_bytes(device)
+    if nbytes > _MAX_BYTES or (cap is not None and nbytes > cap):
+        limit = f"{device}'s {cap} bytes" if cap is not None and cap <= _MAX_BYTES \
+            else f"{_MAX_BYTES} bytes (int64)"
+        fail(name, f"a size that fits {limit}", f"{nbytes} bytes ({asked})")
+
+
+def allocate(name: str, nbytes: int, device: torch.device, asked: str, make):
+    """``make()`` (an allocation of ``nbytes`` on ``device``) after ``check_fits``; an
+    allocator failure becomes a ValueError naming ``name`` and the bytes asked (SPEC 10)."""
+    check_fits(name, nbytes, device, asked)
+    try:
+        return make()
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        fail(name, f"a size {device} can allocate", f"{nbytes} bytes ({asked}): "
+             f"{_first_line(e)}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """``[first, end)`` addresses of the bytes ``t``'s elements occupy (strides are never
+    negative in torch); ``(0, 0)`` for an empty tensor."""
+    if t.numel() == 0:
+        return 0, 0
+    lo = t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return lo, lo + (last + 1) * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte spans of ``a`` and ``b`` (``byte_span``, same device) intersect: a
+    conservative test (two interleaved strided views count as overlapping)."""
+    if a.device != b.device:
+        return False
+    a0, a1 = byte_span(a)
+    b0, b1 = byte_span(b)
+    return a0 < b1 and b0 < a1 and a0 < a1 and b0 < b1
+
+
+def check_no_overlap(out_name: str, out: torch.Tensor, inputs) -> None:
+    """An output (``out=``, the cache of a write, a buffer a call writes) whose memory overlaps
+    none of ``inputs``: ``(name, x)`` pairs, x a tensor, None, or a ``byte_span`` on ``out``'s
+    device (SPEC 10). Metadata only (no sync).
+
+    Raises:
+        ValueError: naming ``out_name`` and the input it overlaps.
+    """
+    lo, hi = byte_span(out)
+    if lo == hi:
+        return
+    for name, t in inputs:
+        if isinstance(t, tuple):
+            a, b = t
+        elif t is None or t.device != out.device:
+            continue
+        else:
+            a, b = byte_span(t)
+        if a < hi and lo < b:
+            fail(out_name, f"memory that overlaps no input (it is written while {name} is "
+                 "read)", f"bytes [{lo:#x}, {hi:#x}) overlapping {name}'s [{a:#x}, {b:#x})")
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same elements in the same order: data pointer, shape, strides, dtype and device
+    (not only the same first address)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def copy_planned(pairs, non_blocking: bool = False) -> None:
+    """A ``plan()``'s copies of validated metadata into persistent buffers: each
+    ``(source, buffer)`` is copied unless the source is that buffer itself (``same_tensor``);
+    a source whose memory overlaps any of the buffers is cloned first, so each buffer ends up
+    holding exactly what ``plan()`` validated."""
+    pairs = [(s, d) for s, d in pairs if not same_tensor(s, d)]
+    bufs = [d for _, d in pairs]
+    for s, d in [(s.clone() if any(overlaps(s, b) for b in bufs) else s, d) for s, d in pairs]:
+        d.copy_(s, non_blocking=non_blocking)
 
 
 def _shape_str(shape) -> str:
@@ -139,6 +299,23 @@ def check_out(out, rows: int, num_heads: int, topk: int, device) -> None:
                  contiguous=True)
 
 
+def check_run(index_q, cache, out, rows: int, num_heads: int, block_table_buffer,
+              seq_lens_buffer, score_buffer=None) -> None:
+    """A decode wrapper's ``run()`` inputs (SPEC 6, 10; metadata only, no sync): the cache and
+    ``index_q [rows, num_heads, 128]`` on the buffers' device, a contiguous int32 ``out
+    [rows, num_heads, 16]`` whose memory overlaps none of them, the buffers nor
+    ``score_buffer``."""
+    dev = block_table_buffer.device
+    check_cache(cache)
+    check_tensor("cache", cache, device=dev)
+    check_index_q(index_q, rows=rows, num_heads=num_heads, device=dev)
+    check_out(out, rows, num_heads, TOPK, dev)
+    check_no_overlap("out", out, (("index_q", index_q), ("cache", cache),
+                                  ("block_table_buffer", block_table_buffer),
+                                  ("seq_lens_buffer", seq_lens_buffer),
+                                  ("score_buffer", score_buffer)))
+
+
 def check_norm_inputs(x_name, x, positions, weight, weight_name, cos_sin_cache, rotary_dim,
                       eps, device) -> None:
     """Shared checks of the fused norm + RoPE inputs (SPEC 3)."""
@@ -154,14 +331,46 @@ def check_norm_inputs(x_name, x, positions, weight, weight_name, cos_sin_cache, 
     if cos_sin_cache.shape[1] != rotary_dim:
         fail("cos_sin_cache", f"shape [max_position, {rotary_dim}] (rotary_dim)",
              f"shape {tuple(cos_sin_cache.shape)}")
-    import numbers
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps > 0:
-        fail("eps", "a positive float", repr(eps))
+    check_eps(eps)
     if t and positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= cos_sin_cache.shape[0]:
             fail("positions", f"values in [0, {cos_sin_cache.shape[0]}) (cos_sin_cache rows)",
                  f"values in [{lo}, {hi}]")
+
+
+def check_eps(eps) -> float:
+    """The norm eps (SPEC 3): a real number, rounded to fp32 first, finite and > 0 after that
+    rounding (1e-300 and 1e-46 round to 0, 1e39 to inf). Returns ``float(eps)``.
+
+    Raises:
+        ValueError: naming ``eps``, with its fp32 rounding.
+    """
+    if not isinstance(eps, numbers.Real) or isinstance(eps, (bool, np.bool_)):
+        fail("eps", "a real number, finite and > 0 in fp32", repr(eps))
+    try:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            e32 = float(np.float32(float(eps)))
+    except OverflowError:  # a Fraction / int past float64
+        e32 = float("inf")
+    if not (e32 > 0 and np.isfinite(e32)):
+        fail("eps", "a real number that is finite and > 0 after rounding to fp32 (SPEC 3)",
+             f"{eps!r} (fp32: {e32!r})")
+    return float(eps)
+
+
+def check_plan_buffers(block_table_buffer, seq_lens_buffer) -> torch.device:
+    """A decode wrapper's persistent buffers (SPEC 6): contiguous int32 ``block_table_buffer
+    [B, W]`` and ``seq_lens_buffer [B]`` on one device, not overlapping (``plan()`` writes
+    both). Returns their device."""
+    check_tensor("block_table_buffer", block_table_buffer, dtypes=(torch.int32,), ndim=2,
+                 contiguous=True)
+    dev = block_table_buffer.device
+    check_tensor("seq_lens_buffer", seq_lens_buffer, dtypes=(torch.int32,),
+                 shape=(block_table_buffer.shape[0],), device=dev, contiguous=True)
+    check_no_overlap("seq_lens_buffer", seq_lens_buffer,
+                     (("block_table_buffer", block_table_buffer),))
+    return dev
 
 
 def check_slot_mapping_values(slot_mapping, num_blocks: int) -> None:
@@ -215,11 +424,9 @@ def check_block_table(block_table, seq_lens, num_blocks: int | None) -> None:
 def check_decode_values(block_table, seq_lens, query_len: int, num_blocks: int | None) -> None:
     """SPEC 6 ranges: Q <= seq_len <= width * 128 or seq_len == 0; block ids in the cache."""
     s = seq_lens.to(torch.long)
-    bad = ((s != 0) & (s < query_len)) | (s < 0)
-    if bool(bad.any()):
-        b = int(bad.nonzero()[0, 0])
-        fail("seq_lens", f"0 (padding) or >= query_len={query_len} for every request",
-             f"seq_lens[{b}]={int(s[b])}")
+    fail_first("seq_lens", ((s != 0) & (s < query_len)) | (s < 0),
+               f"0 (padding) or >= query_len={query_len} for every request",
+               lambda b: f"seq_lens[{b}]={int(s[b])}")
     check_block_table(block_table, seq_lens, num_blocks)
 
 
@@ -273,11 +480,9 @@ def check_q_lens_fit(q_lens, seq_lens, offsets_name: str, padding: bool = False)
     """q_len <= seq_len and seq_len >= 0 for every request (SPEC 4, 7); with ``padding``, a
     request of seq_len 0 may have rows (SPEC 5's padding rows). Syncs."""
     s = seq_lens.to(torch.long).cpu()
-    bad = ((q_lens > s) & ((s != 0) if padding else True)) | (s < 0)
-    if bool(bad.any()):
-        r = int(bad.nonzero()[0, 0])
-        fail("seq_lens", f"0 <= q_len <= seq_len for every request (q_len from {offsets_name})",
-             f"q_len={int(q_lens[r])}, seq_len={int(s[r])} for request {r}")
+    fail_first("seq_lens", ((q_lens > s) & ((s != 0) if padding else True)) | (s < 0),
+               f"0 <= q_len <= seq_len for every request (q_len from {offsets_name})",
+               lambda r: f"q_len={int(q_lens[r])}, seq_len={int(s[r])} for request {r}")
 
 
 def check_scales_codes(codes, scales) -> None:

@@ -443,6 +443,51 @@ def test_not_initialized_raises():
                                      seq_lens_buffer=torch.zeros(1, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_plan_aliasing_and_out_overlap_one_rank(tmp_path, backend):
+    """A one-rank group in this process (gloo on the CPU, NCCL on a GPU): plan() given
+    ``seq_lens_buffer[:1].expand(2)`` copies it (before: skipped, run() used the old second
+    length), as does ``plan_from_host``; run() refuses an ``out`` over the seq lens buffer
+    before any write (SPEC 10)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    device = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else \
+        torch.device("cpu")
+    dist.init_process_group("nccl" if HAS_CUDA else "gloo",
+                            init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        cache, bt, sl, q = (x.to(device) for x in make_case(9, 1, 2, 2, [2300, 2560]))
+        bt_buf, sl_buf = bt.clone(), sl.clone()
+        w = ContextParallelDecodeWrapper(2, None, block_table_buffer=bt_buf,
+                                         seq_lens_buffer=sl_buf, query_len=2, backend=backend)
+        w.plan(bt, sl, 2)
+        w.plan(bt, sl_buf[:1].expand(2), 2)
+        same = sl[:1].expand(2).contiguous()
+        assert torch.equal(sl_buf, same)
+        out = torch.full((4, 2, 16), POISON, dtype=torch.int32, device=device)
+        w.run(q, cache, out)
+        want = ref.decode_indexer(q.cpu(), cache.cpu(), bt.cpu(), same.cpu(), 2)
+        if backend == "reference":
+            assert torch.equal(out.cpu(), want)
+        else:
+            check_triton(out, q, cache, bt, same, 2, w.error_bits)
+        sl_buf.copy_(sl)
+        w.plan_from_host(bt, sl_buf[:1].expand(2), 2)
+        assert torch.equal(sl_buf, same)
+        over = torch.full((4, 2, 16), POISON, dtype=torch.int32, device=device)
+        w2 = ContextParallelDecodeWrapper(2, None, block_table_buffer=bt.clone(),
+                                          seq_lens_buffer=over.view(-1)[:2], query_len=2,
+                                          backend=backend)
+        w2.plan(bt, sl, 2)
+        snap = over.clone()
+        _expect_raise(lambda: w2.run(q, cache, over), ValueError, "out: expected memory that "
+                      "overlaps no input", "seq_lens_buffer")
+        assert torch.equal(over, snap)
+    finally:
+        dist.destroy_process_group()
+
+
 # --------------------------------------------------------------------------------------- GPU
 
 def graph_steps(rank, world, group, device, *, heads=4, q_len=2, exchange="all_gather"):

@@ -125,9 +125,19 @@ def test_context_parallel_group_needs_torch_distributed():
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         pytest.skip("a process group is initialized in this process")
-    ix = ni.Indexer(_config(context_parallel_group=object()), backend="reference")
+    group = dist.ProcessGroup(dist.HashStore(), 0, 1)  # a group object, no default group
+    ix = ni.Indexer(_config(context_parallel_group=group), backend="reference")
     with pytest.raises(ValueError, match="group"):
         ix.decoder(1, 1)
+
+
+@pytest.mark.parametrize("group", ["not-a-group", object(), 0, torch.zeros(1)])
+def test_config_refuses_a_context_parallel_group_that_is_not_a_process_group(group):
+    """SPEC 8.1, 10: the group is validated at construction, by name (before: accepted, and
+    plan raised AttributeError: 'str' object has no attribute 'size')."""
+    with pytest.raises(TypeError, match="context_parallel_group: expected None or a "
+                       "torch.distributed.ProcessGroup"):
+        _config(context_parallel_group=group)
 
 
 def test_memory_report():
@@ -672,7 +682,7 @@ def test_decode_steps_replay_their_copies():
         assert bool((ix.decode_block_table[:4, wb:] == -7).all())
         assert torch.equal(ix.decode_seq_lens[:4], sl2)
     # a repeated mixed step whose block table is narrower than the buffers (its decode rows
-    # are copied: captured at the second step, replayed at the third), planned and run on a
+    # are copied: captured at step 2, replayed from step 3), planned and run on a
     # user stream
     q_lens, seqs, nd = [2, 2, 2, 100, 37, 300], [2500, 300, 2550, 2100, 37, 2500], 3
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
@@ -824,7 +834,7 @@ def test_plan_in_place_shared_buffers(cache, backend):
     assert torch.equal(out, _expected(q, cache, s, nd, 2))
 
 
-# ----------------------------------------------------------- issue 14: gaps, prepared launches
+# ---------------------------------------------------------------- gaps, prepared launches
 
 def test_mixed_step_max_num_seqs():
     """A step with prefill requests has no padding: at most max_num_seqs requests in all
@@ -1218,3 +1228,148 @@ def test_engine_fp8_prefill_routing_on_cpu(monkeypatch, fp8):
         assert all(d == ix._dot for _, g, d in seen if not g), seen
     finally:
         engine._prefill_launch.cache_clear()
+
+
+# ------------------------------------------- metadata owner, aliasing, devices, allocation
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # Triton: the interpreter off CUDA
+
+
+def _on_dev(step: ni.StepMetadata) -> ni.StepMetadata:
+    """``step`` with its device tensors on ``DEV`` (host copies stay on the CPU)."""
+    return ni.StepMetadata(step.query_start_loc.to(DEV), step.query_start_loc_cpu,
+                           step.seq_lens.to(DEV), step.seq_lens_cpu, step.block_table.to(DEV),
+                           step.num_decodes)
+
+
+def _poisoned(rows, heads=H):
+    return torch.full((rows, heads, 16), POISON, dtype=torch.int32, device=DEV)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_forward_refuses_metadata_of_another_indexer(cache, backend):
+    """SPEC 8.1: forward accepts only its own latest plan's metadata: not another Indexer's
+    of the same config and plan count (before: accepted; Triton gave 112 wrong prefill
+    elements), nor one of H = 4 given to H = 2 (before: 306 wrong elements). Nothing is
+    written."""
+    cache = cache.to(DEV)
+    step = _on_dev(_step([2, 2, 9], [300, 2500, 2900], 2))
+    a = ni.Indexer(_config(device=DEV), backend=backend)
+    b = ni.Indexer(_config(device=DEV), backend=backend)
+    md_a, md_b = a.plan(step), b.plan(step)
+    assert md_a.generation == md_b.generation
+    q, out = _queries(13).to(DEV), _poisoned(13)
+    with pytest.raises(ValueError, match="metadata: expected the IndexerMetadata this "
+                       "Indexer's latest plan.. returned, got metadata of another Indexer"):
+        b.forward(q, cache, md_a, out)
+    four = ni.Indexer(_config(num_heads=4, device=DEV), backend=backend)
+    with pytest.raises(ValueError, match=r"another Indexer \(num_heads=4\)"):
+        a.forward(q, cache, four.plan(step), out)
+    assert bool((out == POISON).all())
+    b.forward(q, cache, md_b, out)
+    assert torch.equal(out.cpu(), _expected(q.cpu(), cache.cpu(), _step([2, 2, 9],
+                                                                        [300, 2500, 2900], 2),
+                                            2, 2))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_forward_refuses_hand_built_and_changed_metadata_by_field(cache, backend):
+    """Metadata built by hand (``decoder=None``) or copied with a field changed is refused
+    with a ValueError naming the field (before: AttributeError: 'NoneType' object has no
+    attribute 'run'); a faithful copy is the plan's metadata."""
+    import dataclasses
+    cache = cache.to(DEV)
+    ix = ni.Indexer(_config(device=DEV), backend=backend)
+    md = ix.plan(_on_dev(_step([2, 2, 9], [300, 2500, 2900], 2)))
+    q, out = _queries(13).to(DEV), _poisoned(13)
+    hand = ni.IndexerMetadata(md.num_decodes, md.decode_query_len, md.num_decode_rows,
+                              md.prefill_row_start, md.num_prefill_rows, md.num_rows,
+                              decoder=None, prefill_chunks=md.prefill_chunks,
+                              generation=md.generation)
+    with pytest.raises(ValueError, match=r"metadata built by hand \(owner None\).*decoder=None"):
+        ix.forward(q, cache, hand, out)
+    with pytest.raises(ValueError, match="a changed copy .*decoder=None"):
+        ix.forward(q, cache, dataclasses.replace(md, decoder=None), out)
+    with pytest.raises(ValueError, match="num_rows=20"):
+        ix.forward(q, cache, dataclasses.replace(md, num_rows=20), out)
+    assert bool((out == POISON).all())
+    ix.forward(q, cache, dataclasses.replace(md), out)
+    want = out.clone()
+    ix.forward(q, cache, md, out.fill_(POISON))
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_forward_refuses_out_overlapping_what_it_reads(cache, backend):
+    """SPEC 10: ``out`` overlapping ``index_q``, the cache or the step's tensors that a mixed
+    step reads at forward is refused before any row is written (the plain checks pass it to
+    the full checks, which name it)."""
+    cache = cache.to(DEV)
+    ix = ni.Indexer(_config(device=DEV), backend=backend)
+    step = _on_dev(_step([2, 2, 9], [300, 2500, 2900], 2))
+    md = ix.plan(step)
+    both = torch.full((13 * H * 32,), 0x38383838, dtype=torch.int32, device=DEV)
+    q = both.view(torch.float8_e4m3fn).view(13, H, 128)
+    out = both[:13 * H * 16].view(13, H, 16)
+    snap = both.clone()
+    assert not ix._forward_inputs_plain(q, cache, md, out)
+    with pytest.raises(ValueError, match="out: expected memory that overlaps no input .*index_q"):
+        ix.forward(q, cache, md, out)
+    assert torch.equal(both, snap)
+    big = _poisoned(20)
+    step2 = ni.StepMetadata(step.query_start_loc, step.query_start_loc_cpu,
+                            big.view(-1)[-3:].copy_(step.seq_lens), step.seq_lens_cpu,
+                            step.block_table, 2)
+    md = ix.plan(step2)
+    snap = big.clone()
+    with pytest.raises(ValueError, match="out: .*the step's seq_lens"):
+        ix.forward(_queries(20).to(DEV), cache, md, big)
+    assert torch.equal(big, snap)
+
+
+def test_config_device_compares_as_torch_does(cache):
+    """SPEC 10: a tensor is on the configured device when ``torch.empty(0, device=...)``
+    would be there: "cpu:0" is the CPU (before: every CPU step was refused, "expected a tensor
+    on cpu:0 ..., got device cpu"); a device that does not exist is a ValueError."""
+    c = _config(device="cpu:0")
+    assert c.device == torch.device("cpu")
+    ix = ni.Indexer(c, backend="reference")
+    step = _step([2, 2, 9], [300, 2500, 2900], 2)
+    q, out = _queries(13), torch.full((13, H, 16), POISON, dtype=torch.int32)
+    ix.forward(q, cache, ix.plan(step), out)
+    assert torch.equal(out, _expected(q, cache, step, 2, 2))
+    for bad in ("bogus", "cuda:64", 3.5):
+        with pytest.raises(ValueError, match="device: expected"):
+            _config(device=bad)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_indexer_buffers_past_memory_name_the_field(backend):
+    """SPEC 10: configs whose buffers the device cannot hold are refused before anything is
+    allocated, naming the field that sized the largest buffer, the bytes and
+    ``memory_bytes()``'s figures (before: the allocator's own message, or a 1 TB
+    workspace on a large host)."""
+    huge = dict(max_model_len=2 ** 31 - 1, max_num_batched_tokens=2 ** 31 - 1, device=DEV)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens: expected a size that fits "
+                       r".*workspace, 1099511627776 bytes; memory_bytes\(\): workspace="):
+        ni.Indexer(_config(**huge), backend=backend)
+    from nvfp4_indexer.validation import device_memory_bytes
+    if device_memory_bytes(torch.device(DEV)) < 275 * 10 ** 9:  # the 275 GB workspace
+        with pytest.raises(ValueError, match=r"max_model_len: expected .*2147483647 sizes "
+                           r"workspace, 274877906944 bytes"):
+            ni.Indexer(_config(max_model_len=2 ** 31 - 1, device=DEV), backend=backend)
+
+
+def test_memory_bytes_computed_before_allocating_equal_the_buffers():
+    """``memory_bytes()`` comes from the config (computed before allocating) and equals the
+    buffers' sizes."""
+    for backend in ("reference", "triton"):
+        ix = ni.Indexer(_config(), backend=backend)
+        nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+        m = ix.memory_bytes()
+        assert m["workspace"] == nb(ix.workspace)
+        assert m["score_scratch"] == nb(ix.score_buffer)
+        assert m["decode_buffers"] == nb(ix.decode_block_table) + nb(ix.decode_seq_lens)
+        assert m["staging_host"] == sum(nb(s.host) for s in ix._staging)
+        assert m["staging_device"] == (0 if ix.device.type == "cpu" else
+                                       sum(nb(s.dev) for s in ix._staging))

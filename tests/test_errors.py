@@ -130,6 +130,38 @@ def test_new_index_cache_errors():
         expect(ValueError, "num_blocks", ni.new_index_cache, n)
 
 
+@pytest.mark.parametrize("kw,words", [
+    (dict(num_blocks=np.uint64(2 ** 63)), ["num_blocks: expected a size that fits",
+                                           "85002596691653613846528 bytes",
+                                           "num_blocks=9223372036854775808 x page_stride=9216"]),
+    (dict(num_blocks=2 ** 40), ["num_blocks: expected a size that fits", "10133099161583616 "
+                                "bytes (num_blocks=1099511627776 x page_stride=9216)"]),
+    (dict(num_blocks=2, page_stride=2 ** 62), ["page_stride: expected a size that fits",
+                                               "9223372036854775808 bytes"]),
+    (dict(num_blocks=1, device="bogus"), ["device: expected a torch device", "'bogus'"]),
+    (dict(num_blocks=1, device="cuda:64"), ["device: expected a device that exists"]),
+])
+def test_new_index_cache_sizes_and_devices_name_the_argument(kw, words):
+    """SPEC 10: sizes past int64 or past the device's memory and devices that do not exist
+    are ValueErrors naming the argument and the bytes asked for (before: a C++ overflow from
+    torch, the allocator's message, torch's RuntimeError)."""
+    e = expect(ValueError, words[0].split(":")[0], ni.new_index_cache, **kw)
+    for w in words:
+        assert w in str(e), f"{w!r} not in {e}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA devices")
+def test_new_index_cache_cuda_without_cuda_names_the_device():
+    """(before: AssertionError: Torch not compiled with CUDA enabled)"""
+    expect(ValueError, "device: expected a device that exists (no CUDA device is available)",
+           ni.new_index_cache, 1, device="cuda")
+
+
+def test_new_index_cache_cpu_0_is_the_cpu():
+    c = ni.new_index_cache(np.int64(2), device="cpu:0")
+    assert c.device == torch.device("cpu") and c.shape == (2, 128, 72) and bool((c == 0).all())
+
+
 def test_read_index_k_errors(s):
     for block in (-1, NUM_BLOCKS, 1.0, "0"):
         expect(ValueError, "block", ni.read_index_k, s.cache, block)
@@ -272,12 +304,12 @@ def test_page_scores_errors(s):
     e = expect(ValueError, "seq_lens", f, q, c, bt, torch.tensor([1, 200], dtype=torch.int32),
                qsl, **REF)
     assert "query_start_loc" in str(e)  # q_len comes from query_start_loc
-    # decreasing offsets are the offsets' fault, not seq_lens' (issue 18)
+    # decreasing offsets are the offsets' fault, not seq_lens'
     e = expect(ValueError, "query_start_loc", f, q, c, bt, sl,
                torch.tensor([0, 5, 4], dtype=torch.int32), **REF)
     assert str(e).startswith("query_start_loc:"), e
     # q_len 3 > seq_len 2 raises; seq_len 0 with 3 rows is a padding request (SPEC 5): its rows
-    # are -inf, as the docstring says (issue 18: the docstring said it raised)
+    # are -inf, as the docstring says
     expect(ValueError, "seq_lens", f, q[:3], c, bt, torch.tensor([2, 200], dtype=torch.int32),
            torch.tensor([0, 3, 3], dtype=torch.int32), **REF)
     pad = f(q[:3], c, bt, torch.tensor([0, 200], dtype=torch.int32),

@@ -1,6 +1,8 @@
-"""Issue 18 (hardening): block ids and page counts the kernels may never read past (SPEC 10),
-the wrapper's cache bound check by default, its score buffer checked at construction, numpy
-integers on every backend (SPEC 11), offsets errors naming the offsets, meta tensors.
+"""Hardening (SPEC 10, 11): block ids and page counts the kernels may never read past, the
+wrapper's cache bound check by default, its score buffer checked at construction, numpy
+integers on every backend, offsets errors naming the offsets, meta tensors; aliasing (outputs
+overlapping inputs, plan() metadata that is a view of the wrapper's own buffers) and the
+norm eps rounded to fp32 (SPEC 3).
 
 Triton runs on CUDA tensors, or on CPU tensors under the interpreter (conftest); sizes are
 small: W = 20 pages gives 19 history pages, so the kernels score pages (> 15).
@@ -13,7 +15,6 @@ import torch
 import nvfp4_indexer as ni
 from nvfp4_indexer.triton import decode as TD
 from nvfp4_indexer.triton import gather as TG
-from nvfp4_indexer.triton import heuristics as HZ
 from nvfp4_indexer.triton import scores as TS
 from nvfp4_indexer.triton import device as DV  # noqa: E402
 
@@ -136,7 +137,6 @@ def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
     decode paths (the one-launch kernel; the page-score path: "mma" on an SM89+ GPU, its
     "lut" twin elsewhere): rows ``[0, -1 x 15]``, nothing read outside the block-table row or
     the score scratch (SPEC 10; before: the wrapped page counts ran off the row)."""
-    from nvfp4_indexer.triton import decode_wgmma as WG
     _, cache = _parent_cache(2)
     q_len, b = 3, 1
     bt, seq, q = _batch(2, q_len=q_len)
@@ -272,3 +272,148 @@ def test_meta_tensors_are_refused_naming_the_argument():
         ni.write_index_k(cache, k.to("meta"), slots)
     with pytest.raises(ValueError, match="x: expected a tensor with data"):
         ni.encode_e4m3(torch.empty(4, device="meta"))
+
+
+# --------------------------------------------------------------------------------- aliasing
+
+def _two_requests(seed=5):
+    """Two requests of W pages each (block table ``[2, W]``), seq lens [2300, 2560], Q = 2."""
+    g = torch.Generator().manual_seed(seed)
+    bt = torch.randperm(NB, generator=g)[:2 * W].view(2, W).to(torch.int32).to(DEV)
+    seq = torch.tensor([2300, 2560], dtype=torch.int32, device=DEV)
+    q = (torch.rand(4, 2, 128, generator=g) + 0.5).to(torch.float8_e4m3fn).to(DEV)
+    return bt, seq, q
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plan_copies_views_of_its_own_buffers_it_is_not(backend):
+    """plan() given ``seq_lens_buffer[:1].expand(2)`` (the buffer's first address, not the
+    buffer) validates [2300, 2300], and run() uses that (before: the copy was skipped and
+    run() used [2300, 2560]); a block table overlapping its buffer one row down is copied
+    from a clone (before: torch refused the overlapping copy with a RuntimeError)."""
+    _, cache = _parent_cache()
+    bt, seq, q = _two_requests()
+    w = _wrapper(bt, seq, 2, backend)
+    w.plan(bt, seq, 2)
+    w.plan(bt, w.seq_lens[:1].expand(2), 2)
+    assert w.seq_lens.tolist() == [2300, 2300]
+    out = torch.full((4, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    w.run(q, cache, out)
+    same = torch.tensor([2300, 2300], dtype=torch.int32, device=DEV)
+    assert torch.equal(out, ni.decode_indexer(q, cache, bt, same, 2, backend="reference"))
+    wide = torch.cat([bt.view(-1), bt[0]])  # rows bt[0], bt[1], bt[0]
+    w2 = ni.DecodeIndexerWrapper(2, block_table_buffer=wide[:2 * W].view(2, W),
+                                 seq_lens_buffer=seq.clone(), backend=backend,
+                                 use_cuda_graph=False)
+    shifted = wide[W:].view(2, W)  # rows (bt[1], bt[0]), overlapping the buffer's row 1
+    w2.plan(shifted, seq, 2)
+    swapped = bt.flip(0).contiguous()
+    assert torch.equal(w2.block_table, swapped)
+    out.fill_(POISON)
+    w2.run(q, cache, out)
+    assert torch.equal(out, ni.decode_indexer(q, cache, swapped, seq, 2, backend="reference"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_overlapping_inputs_are_refused_before_writing(backend):
+    """SPEC 10: ``out`` whose memory overlaps an input is refused on every op with an
+    ``out=`` (before: decode_indexer with ``seq_lens=out.view(-1)[:2]`` gave 68 wrong
+    elements on Triton), nothing written."""
+    _, cache = _parent_cache()
+    bt, seq, q = _two_requests()
+    out = torch.full((4, 2, 16), POISON, dtype=torch.int32, device=DEV)
+    out.view(-1)[:2] = seq
+    snap = out.clone()
+    with pytest.raises(ValueError, match="out: expected memory that overlaps no input .* "
+                       "seq_lens"):
+        ni.decode_indexer(q, cache, bt, out.view(-1)[:2], 2, out=out, backend=backend)
+    assert torch.equal(out, snap)
+    # index_q and out in one buffer: index_q's bytes cover out's
+    both = torch.full((2 * 4 * 2 * 16,), 0x3A3A3A3A, dtype=torch.int32, device=DEV)
+    q_view = both.view(torch.float8_e4m3fn).view(4, 2, 128)
+    out_view = both[:4 * 2 * 16].view(4, 2, 16)
+    snap = both.clone()
+    with pytest.raises(ValueError, match="out: .*index_q"):
+        ni.decode_indexer(q_view, cache, bt, seq, 2, out=out_view, backend=backend)
+    # prefill: cu_seqlens_q inside out
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32, device=DEV)
+    out.view(-1)[-3:] = cu
+    with pytest.raises(ValueError, match="out: .*cu_seqlens_q"):
+        ni.prefill_indexer(q, cache, bt, out.view(-1)[-3:], seq, out=out, backend=backend)
+    with pytest.raises(ValueError, match="out: .*index_q"):
+        ni.prefill_indexer(q_view, cache, bt, cu, seq, out=out_view, backend=backend)
+    assert torch.equal(both, snap)
+    # the wrapper: out over its seq_lens buffer
+    out.fill_(POISON)
+    w = ni.DecodeIndexerWrapper(2, block_table_buffer=bt.clone(),
+                                seq_lens_buffer=out.view(-1)[:2], backend=backend,
+                                use_cuda_graph=False)
+    w.plan(bt, seq, 2)
+    snap = out.clone()
+    with pytest.raises(ValueError, match="out: .*seq_lens_buffer"):
+        w.run(q, cache, out)
+    assert torch.equal(out, snap)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_writes_overlapping_their_inputs_are_refused(backend):
+    """SPEC 10: a cache write whose cache overlaps ``k``, ``slot_mapping`` or a norm input
+    is refused before any byte changes."""
+    cache = ni.new_index_cache(4, device=DEV)
+    pages = cache.as_strided((4, 9216), (9216, 1))
+    pages.fill_(POISON & 0xFF)
+    k = pages[3, :2 * 128 * 4].view(torch.float32).view(2, 128)  # block 3's bytes
+    k.copy_(torch.randn(2, 128))
+    slots = torch.tensor([0, 1], device=DEV)
+    snap = pages.clone()
+    with pytest.raises(ValueError, match="cache: .*overlapping k's"):
+        ni.write_index_k(cache, k, slots, backend=backend)
+    pos, wt, cs = (torch.arange(2, device=DEV), torch.zeros(128, device=DEV),
+                   torch.randn(4, 64, device=DEV))
+    with pytest.raises(ValueError, match="cache: .*overlapping k's"):
+        ni.insert_index_k(cache, k, pos, slots, wt, cs, backend=backend)
+    cs_in = pages[2, :4 * 64 * 4].view(torch.float32).view(4, 64)
+    snap = pages.clone()
+    with pytest.raises(ValueError, match="cache: .*cos_sin_cache"):
+        ni.insert_index_k(cache, k.clone(), pos, slots, wt, cs_in, backend=backend)
+    assert torch.equal(pages, snap)
+
+
+# ------------------------------------------------------------------------ eps (SPEC 3)
+
+def _norm_inputs():
+    """Two tokens x two heads, token 0 all zeros (its norm is rsqrt(eps) * 0)."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 2, 128, generator=g)
+    q[0] = 0.0
+    return (q.to(DEV), torch.arange(2, device=DEV), torch.zeros(128, device=DEV),
+            torch.randn(4, 64, generator=g).to(DEV))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("eps", [1e-300, 1e-46, 1e39, float("inf"), float("nan"), 0.0, -1e-6])
+def test_eps_not_positive_and_finite_in_fp32_is_refused(backend, eps):
+    """SPEC 3: eps is rounded to fp32 first and must be finite and > 0 after that: 1e-300 and
+    1e-46 round to 0, 1e39 to inf (before: accepted; Triton encoded the all-zero row as NaN,
+    0x7F, the reference as 0x00). Nothing is written to the cache."""
+    q, pos, wt, cs = _norm_inputs()
+    with pytest.raises(ValueError, match=r"eps: expected a real number .*fp32"):
+        ni.prepare_index_q(q, pos, wt, cs, eps=eps, backend=backend)
+    cache = ni.new_index_cache(1, device=DEV).fill_(POISON & 0xFF)
+    with pytest.raises(ValueError, match=r"eps: expected a real number .*fp32"):
+        ni.insert_index_k(cache, q[:, 0], pos, pos, wt, cs, eps=eps, backend=backend)
+    assert bool((cache == (POISON & 0xFF)).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("eps", [1e-40, np.float32(1e-6), 1])
+def test_eps_positive_in_fp32_is_accepted(backend, eps):
+    """An fp32 subnormal eps (1e-40) is > 0 once rounded: accepted, and the all-zero row
+    encodes as zeros (0x00 or 0x80, SPEC 3) on both backends, never NaN (0x7F)."""
+    q, pos, wt, cs = _norm_inputs()
+    got = ni.prepare_index_q(q, pos, wt, cs, eps=eps, backend=backend).view(torch.uint8)
+    assert bool((got[0] & 0x7F == 0).all())
+    k1, k2 = ni.new_index_cache(1, device=DEV), ni.new_index_cache(1, device=DEV)
+    ni.insert_index_k(k1, q[:1, 0], pos[:1], pos[:1], wt, cs, eps=eps, backend=backend)
+    ni.insert_index_k(k2, q[:1, 0], pos[:1], pos[:1], wt, cs, eps=eps, backend="reference")
+    assert torch.equal(k1, k2)  # the all-zero key: codes 0, scale byte 0x01

@@ -20,6 +20,7 @@ import triton.language as tl
 from . import heuristics as hz
 from .config import InsertConfig, check_config
 from .numerics import gemma_rstd, norm_pow2_scale, nvfp4_quantize_halves_fused, nvfp4_quantize_pairs_fused, rope_combine, rope_freq, rope_partner
+from ..validation import check_eps
 from .device import device_guard, portable_default
 from .quantize import _rows_view, paged_token_bases, pair_dims, store_nvfp4_tokens
 
@@ -193,11 +194,13 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
         config: tuning (``config.InsertConfig``: block_t, num_warps); None = defaults
         (``heuristics.insert_launch_shape``).
     Raises:
-        ValueError: ``config`` not None or an ``InsertConfig``.
-    Inputs are validated by ``nvfp4_indexer.api.insert_index_k``. Writes exactly 72 bytes per
-    written token.
+        ValueError: ``config`` not None or an ``InsertConfig``; ``eps`` not finite and > 0
+        once rounded to fp32 (SPEC 3; the kernel takes it in fp32).
+    The other inputs are validated by ``nvfp4_indexer.api.insert_index_k``. Writes exactly 72
+    bytes per written token.
     """
     cfg = check_config("config", config, InsertConfig)
+    eps = check_eps(eps)
     rotary_dim = int(rotary_dim)
     t = k.shape[0]
     if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
@@ -208,6 +211,6 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     with device_guard(k.device):
         _insert_index_k_kernel[(triton.cdiv(t, bt),)](
             k2, k2.stride(0), t, positions.contiguous(), k_norm_weight.contiguous(),
-            cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.stride(1), float(eps),
+            cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.stride(1), eps,
             cache, slot_mapping.contiguous(), cache.stride(0),
             ROT=rotary_dim, PORTABLE=portable, BLOCK_T=bt, num_warps=nw)

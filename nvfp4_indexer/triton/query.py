@@ -14,6 +14,7 @@ from ..constants import HEAD_DIM
 from .insert import _norm_rope_inputs
 from .layout import HEAD
 from .numerics import e4m3_encode_bits, gemma_rstd, norm_pow2_scale, rope_combine
+from ..validation import check_eps
 from .device import device_guard, interpreting, portable_default
 
 
@@ -55,8 +56,11 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
         2..128 (constexpr). eps: norm epsilon. portable: force the PORTABLE constexpr (tests).
     Returns:
         contiguous ``float8_e4m3fn [T, H, 128]``.
-    Inputs are validated by ``nvfp4_indexer.api.prepare_index_q``.
+    Raises:
+        ValueError: ``eps`` not finite and > 0 once rounded to fp32 (SPEC 3; the kernel takes
+        it in fp32). The other inputs are validated by ``nvfp4_indexer.api.prepare_index_q``.
     """
+    eps = check_eps(eps)
     t, h, _ = q.shape
     if q.stride(2) != 1:
         q = q.contiguous()
@@ -69,6 +73,6 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
             _prepare_index_q_kernel[(triton.cdiv(n, br),)](
                 q, q.stride(0), q.stride(1), h, n, positions.contiguous(),
                 q_norm_weight.contiguous(), cos_sin_cache, cos_sin_cache.stride(0),
-                cos_sin_cache.stride(1), float(eps), out,
+                cos_sin_cache.stride(1), eps, out,
                 ROT=int(rotary_dim), PORTABLE=portable, BLOCK_R=br)
     return out.view(torch.float8_e4m3fn)
