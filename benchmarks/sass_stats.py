@@ -58,10 +58,10 @@ def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int, num_
 def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", dequant="ptx",
                    window=64, keep=16, num_warps=4, num_stages=2, maxnreg=None, pdl=False):
     """The decode score kernel for SM90 (a ``triton.compile`` result)."""
-    from nvfp4_indexer.triton.decode import _decode_score_kernel
+    from nvfp4_indexer.triton.decode.split_kernel import decode_score_kernel
     consts = dict(Q=q_len, H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot,
                   DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl, CANDIDATES=False)
-    return _compile(_decode_score_kernel, DECODE_TYPES, consts,
+    return _compile(decode_score_kernel, DECODE_TYPES, consts,
                     ("q_ptr", "cache_ptr", "page_stride"), num_warps, num_stages, maxnreg)
 
 
@@ -111,17 +111,16 @@ WGMMA_TYPES = dict(q_ptr="*u8", q_row_stride="i64", q_head_stride="i64", cache_p
 
 
 def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
-    """The Gluon wgmma decode score kernel (``triton.wgmma_scorer``) for SM90, specialized as
+    """The Gluon wgmma decode score kernel (``triton.decode.wgmma``) for SM90, specialized as
     a launch on an aligned cache with the default page stride gets it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from nvfp4_indexer.triton.decode import block_rows
-    from nvfp4_indexer.triton.decode_wgmma import gluon_layouts
-    from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
+    from nvfp4_indexer.triton.decode.wgmma import layouts, wgmma_score_kernel
+    from nvfp4_indexer.triton.heuristics import block_rows
     rows = block_rows(q_len, heads)
-    cl, mma, ql, b_sl = gluon_layouts(rows)
+    cl, mma, ql, b_sl = layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql,
                   B_SL=b_sl)
     fn = wgmma_score_kernel
@@ -132,8 +131,8 @@ def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0):
-    """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
+def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90):
+    """The Gluon warp-per-split decode score kernel (``triton.decode.mma``, one warp) for
     ``sm_<arch>`` (a ``triton.compile`` result), at the launcher's register cap unless
     ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache gets it (the
     page stride is never specialized: 16-byte code copies at any stride)."""
@@ -141,14 +140,13 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from nvfp4_indexer.triton.decode import block_rows
-    from nvfp4_indexer.triton.decode_wgmma import mma_layouts
-    from nvfp4_indexer.triton.heuristics import MMA_MAXNREG, MMA_STAGES
-    from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
+    from nvfp4_indexer.triton.decode.dispatch import MMA_MAXNREG, MMA_STAGES
+    from nvfp4_indexer.triton.decode.mma import layouts, mma_score_kernel
+    from nvfp4_indexer.triton.heuristics import block_rows
     rows = block_rows(q_len, heads)
-    cl, mma, ql, scl = mma_layouts(rows)
+    cl, mma, ql, scl = layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
-                  CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES, LAB=lab)
+                  CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
     fn = mma_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
     aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
@@ -158,26 +156,22 @@ def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0)
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
-def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None,
-                   stages=None, fp8=False):
-    """The Gluon page-per-warp wgmma decode score kernel (``triton.wgflat_scorer``) for SM90,
-    with the launcher's constexprs (``WGFLAT_STAGES`` / ``WGFLAT_ASYNC`` unless given),
-    specialized as a launch on a 16-byte aligned cache gets it."""
+def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, stages=None, fp8=False):
+    """The Gluon page-per-warp wgmma decode score kernel (``triton.decode.wgflat``) for SM90,
+    with the launcher's constexprs (``WGFLAT_STAGES`` ring slots unless ``stages`` is given:
+    ``DecodeConfig.ring_stages``), specialized as a launch on a 16-byte aligned cache gets it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from nvfp4_indexer.triton.decode import block_rows
-    from nvfp4_indexer.triton.decode_wgmma import wgflat_layouts
-    from nvfp4_indexer.triton.heuristics import WGFLAT_ASYNC, WGFLAT_ASYNC_FP8, WGFLAT_STAGES
-    from nvfp4_indexer.triton.wgflat_scorer import wgflat_score_kernel
+    from nvfp4_indexer.triton.decode.dispatch import WGFLAT_STAGES
+    from nvfp4_indexer.triton.decode.wgflat import layouts, wgflat_score_kernel
+    from nvfp4_indexer.triton.heuristics import block_rows
     rows = block_rows(q_len, heads)
-    cl, mma, ql, scl, b_sl = wgflat_layouts(rows, fp8)
+    cl, mma, ql, scl, b_sl = layouts(rows, fp8)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
                   CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
-                  STAGES=WGFLAT_STAGES if stages is None else stages,
-                  ASYNC=(WGFLAT_ASYNC_FP8 if fp8 else WGFLAT_ASYNC) if async_ is None else async_,
-                  LAB=lab, FP8=int(fp8))
+                  STAGES=WGFLAT_STAGES if stages is None else stages, FP8=int(fp8))
     fn = wgflat_score_kernel
     sig = {n: "constexpr" if n in consts else WGMMA_TYPES[n] for n in fn.arg_names}
     aligned = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "scores_ptr")
@@ -308,8 +302,8 @@ MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="
 
 
 def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
-    """The Gluon select kernel (``triton.redux_select``) for ``sm_<arch>``."""
-    from nvfp4_indexer.triton.redux_select import redux_select_kernel
+    """The Gluon select kernel (``triton.decode.redux``) for ``sm_<arch>``."""
+    from nvfp4_indexer.triton.decode.redux import redux_select_kernel
     n = max(16, 1 << (q_len * heads - 1).bit_length())
     return _compile_gluon(redux_select_kernel, SELECT_TYPES,
                           dict(Q=q_len, H=heads, N=n, K=k, ROWS=rows), rows, arch)
@@ -323,9 +317,9 @@ def redux_select_report(arch: int = 90) -> list[str]:
     K 16 / S 8 (W <= 4096) and K 32 / S 8 (W <= 8192); then, for
     comparison, the plain-Triton wide select at W = 128 and merge of 10 splits x 4 candidates
     (one warp per row; SHFL count)."""
-    from nvfp4_indexer.triton.decode import _decode_merge_kernel
-    from nvfp4_indexer.triton.decode_wgmma import _select_wide_kernel
-    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
+    from nvfp4_indexer.triton.decode.redux import redux_merge_kernel, redux_select_split_kernel
+    from nvfp4_indexer.triton.decode.select import select_wide_kernel
+    from nvfp4_indexer.triton.decode.split_kernel import decode_merge_kernel
     lines = []
     for k in (1, 4, 8, 16, 32):
         ker = compile_redux_select(k=k, arch=arch)
@@ -342,7 +336,6 @@ def redux_select_report(arch: int = 90) -> list[str]:
         lines.append(f"redux_merge sm_{arch} C {c:3d}: {st['registers']} registers, "
                      f"{st['spill_ops']} LDL/STL, {st['instructions']} SASS instructions, "
                      f"{redux} REDUX")
-    from nvfp4_indexer.triton.redux_select import redux_select_split_kernel
     for k, s in ((8, 4), (16, 4), (16, 8), (32, 8)):  # W <= 1024, 2048, 4096, 8192
         ker = _compile_gluon(redux_select_split_kernel, SELECT_TYPES,
                              dict(Q=8, H=4, N=32, K=k, S=s, ROWS=1), s, arch)
@@ -351,13 +344,13 @@ def redux_select_report(arch: int = 90) -> list[str]:
         lines.append(f"redux_select_split sm_{arch} K {k:2d} S {s}: {st['registers']} "
                      f"registers, {st['spill_ops']} LDL/STL, {st['instructions']} SASS "
                      f"instructions, {redux} REDUX")
-    wide = _compile(_select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
+    wide = _compile(select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
                     1, None, arch)
     st = sass_stats(wide)
     lines.append(f"wide select sm_{arch} W 128 (1 warp): {st['registers']} registers, "
                  f"{st['instructions']} SASS instructions, "
                  f"{len(re.findall(r'SHFL', sass_text(wide)))} SHFL")
-    merge = _compile(_decode_merge_kernel, MERGE_TYPES,
+    merge = _compile(decode_merge_kernel, MERGE_TYPES,
                      dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=10, SPLITS_PAD=16, ROWS=1, KEEP=4,
                           PDL=False), (), 1, 1, None, arch)
     st = sass_stats(merge)
@@ -514,14 +507,14 @@ def main(argv=None) -> int:
     ap.add_argument("--wgmma", action="store_true",
                     help="the Gluon wgmma decode scorer (decode dequant 'wgmma')")
     ap.add_argument("--wgflat", action="store_true",
-                    help="the Gluon page-per-warp wgmma decode scorer (wgflat_scorer)")
+                    help="the Gluon page-per-warp wgmma decode scorer (dequant 'wgflat')")
     ap.add_argument("--mma", action="store_true",
                     help="the Gluon warp-per-split decode scorer (decode dequant 'mma')")
     ap.add_argument("--arch", type=int, default=90, help="--mma target (89, 90, 100)")
     ap.add_argument("--prefill-wgmma", action="store_true",
                     help="the Gluon prefill score kernel (prefill_wgmma)")
     ap.add_argument("--redux-select", action="store_true",
-                    help="the Gluon select kernel of the page-score paths (redux_select)")
+                    help="the Gluon select kernel of the page-score paths (decode.redux)")
     ap.add_argument("--merge", action="store_true",
                     help="the prefill merge kernel: 15 rounds against the bitonic top-16")
     args = ap.parse_args(argv)
