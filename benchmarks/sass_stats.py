@@ -15,7 +15,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --redux-select [--arch 100]  # the Gluon select kernel
     python -m benchmarks.sass_stats --merge                # prefill merge: rounds vs top-16
 
-The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
+The per-page instruction counts of the performance docs come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
 """
 

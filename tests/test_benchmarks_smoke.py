@@ -438,14 +438,6 @@ def test_git_metadata_only_from_a_checkout_of_its_own(tmp_path, monkeypatch):
     assert len(env["git_commit"]) == 40 and env["git_dirty"] is False
 
 
-def test_profile_decode_needs_a_gpu():
-    """The ncu driver script exits 2 with a message when there is no CUDA GPU."""
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    from benchmarks.labs import profile_decode
-    assert profile_decode.main(["1", "4000", "window=1"]) == 2
-
-
 def test_profile_case_cli():
     """``profile_case``: each part needs its number of sizes and key=value keywords (usage
     error, exit 2, checked before the GPU); with valid arguments and no GPU it returns 2."""

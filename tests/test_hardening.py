@@ -136,7 +136,6 @@ def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
     decode paths (the one-launch kernel; the page-score path: "mma" on an SM89+ GPU, its
     "lut" twin elsewhere): rows ``[0, -1 x 15]``, nothing read outside the block-table row or
     the score scratch (SPEC 10; before: the wrapped page counts ran off the row)."""
-    from nvfp4_indexer.triton import decode_wgmma as WG
     _, cache = _parent_cache(2)
     q_len, b = 3, 1
     bt, seq, q = _batch(2, q_len=q_len)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 
 import torch
@@ -76,7 +77,7 @@ def gluon_available() -> bool:
 @functools.lru_cache(maxsize=None)
 def _gluon_importable() -> bool:
     try:
-        import triton.experimental.gluon  # noqa: F401  (the probe: an ImportError says no Gluon)
+        importlib.import_module("triton.experimental.gluon")  # ImportError: no Gluon
     except ImportError:
         return False
     return True
