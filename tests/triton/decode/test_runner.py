@@ -135,19 +135,18 @@ def test_decode_runner_in_place_updates():
 def test_decode_score_buffer_and_splits():
     """score_buffer_size / NUM_SPLITS are static-shape functions; a shared buffer works and a
     short or misaligned one is refused."""
-    hz = dsp
-    assert hz.choose_num_splits(1, 1, 132) == 1
-    assert hz.choose_num_splits(5000, 2000, 132) == 1
-    assert hz.choose_num_splits(1, 1024, 132) == MAX_SPLITS
-    assert 1 < hz.choose_num_splits(8, 400, 132) <= 200
+    assert dsp.choose_num_splits(1, 1, 132) == 1
+    assert dsp.choose_num_splits(5000, 2000, 132) == 1
+    assert dsp.choose_num_splits(1, 1024, 132) == MAX_SPLITS
+    assert 1 < dsp.choose_num_splits(8, 400, 132) <= 200
     n = DECODE.score_buffer_size(2, 20, 2, 2, num_sms=2)
-    ns = hz.choose_num_splits(2, 20, 2)
-    keep = hz.keep_per_split(ns, 20)
-    assert n == 2 * 2 * 16 * ns * keep and ns > 1 and hz.decode_window(ns, 20, 16) == 1
+    ns = dsp.choose_num_splits(2, 20, 2)
+    keep = dsp.keep_per_split(ns, 20)
+    assert n == 2 * 2 * 16 * ns * keep and ns > 1 and dsp.decode_window(ns, 20, 16) == 1
     assert keep == min(16, triton.next_power_of_2(-(-19 // ns)))
     assert DECODE.score_buffer_size(2000, 20, 2, 2, num_sms=2) == 0
     # long splits buffer WINDOW pages of scores per program (two halves)
-    assert hz.decode_window(1, 2000, 16) == WINDOW
+    assert dsp.decode_window(1, 2000, 16) == WINDOW
     # a runner with overrides fits a buffer sized with the same overrides, not a smaller one
     for kw in ({"num_splits": 7}, {"programs_per_sm": 1}, {"window": 4, "num_splits": 2}):
         cfg = DECODE.DecodeConfig(**kw)
@@ -158,9 +157,9 @@ def test_decode_score_buffer_and_splits():
             with pytest.raises(ValueError, match="score_buffer"):
                 DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
                                     score_buffer=torch.empty(need - 2, device=DEV), config=cfg)
-    ns3 = hz.choose_num_splits(3, 2000, 2)
+    ns3 = dsp.choose_num_splits(3, 2000, 2)
     assert DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=2) == \
-        2 * 3 * 16 * ns3 * hz.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * WINDOW * 16
+        2 * 3 * 16 * ns3 * dsp.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * WINDOW * 16
     split_ns = DECODE.DecodeConfig(num_splits=ns)
     with pytest.raises(ValueError, match="score_buffer"):
         DECODE.DecodeRunner(2, 2, 20, 2, DEV, score_buffer=torch.empty(4, device=DEV),
