@@ -14,8 +14,7 @@ from nvfp4_indexer.triton.heuristics import cdiv
 # (capability, dot, B, W, Q, H) -> (dequant, kernel dot, NUM_SPLITS, programs of the flat
 # page-score grid or (window, keep) of the one-launch kernel, score options and ring slots,
 # (merge or select kernel, its constexprs and warps, grid y = cdiv(Q * H, rows per program))
-# or None), on 132 SMs. Recorded from the rules the package had before they moved into
-# ``dispatch`` (``heuristics.choose_dequant``, ``DecodeRunner``, ``PageScoreLaunch``).
+# or None), on 132 SMs: the measured defaults (module doc of ``dispatch``), pinned.
 TABLE = [
     ((None, "fp32", 4, 300, 1, 1),
      ("triton", "fp32", 150, (1, 2), {"num_warps": 4},
