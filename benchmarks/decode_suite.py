@@ -20,7 +20,7 @@ def _shared_score_buffer(ctx: Context, b: int, width: int, h: int, q_len: int):
     when the runner needs none."""
     if ctx.fast_backend != "triton":
         return None
-    from nvfp4_indexer.triton.decode import DecodeConfig, score_buffer_size
+    from nvfp4_indexer.triton import DecodeConfig, score_buffer_size
     from nvfp4_indexer.triton.device import portable_default
     fp8 = ctx.allow_fp8_mma and not portable_default(ctx.device)  # as the wrapper decides
     n = score_buffer_size(b, width, h, q_len, config=DecodeConfig(dot="fp8") if fp8 else None,

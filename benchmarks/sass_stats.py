@@ -15,7 +15,7 @@ instructions) and the ``F2FP`` conversion count::
     python -m benchmarks.sass_stats --redux-select [--arch 100]  # the Gluon select kernel
     python -m benchmarks.sass_stats --merge                # prefill merge: rounds vs top-16
 
-The per-page instruction counts in docs/benchmarks.md come from these loop bodies (on the
+The per-page instruction counts of the performance docs come from these loop bodies (on the
 named commit's sources). Must not run under ``TRITON_INTERPRET=1``.
 """
 
@@ -65,10 +65,10 @@ def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int,
 def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", dequant="ptx",
                    window=64, keep=16, num_warps=4, num_stages=2, maxnreg=None, pdl=False):
     """The decode score kernel for SM90 (a ``triton.compile`` result)."""
-    from nvfp4_indexer.triton.decode import _decode_score_kernel
+    from nvfp4_indexer.triton.decode.split_kernel import decode_score_kernel
     consts = dict(Q=q_len, H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot,
                   DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=pdl, CANDIDATES=False)
-    return _compile(_decode_score_kernel, DECODE_TYPES, consts,
+    return _compile(decode_score_kernel, DECODE_TYPES, consts,
                     ("q_ptr", "cache_ptr", "page_stride"), num_warps, num_stages, maxnreg)
 
 
@@ -119,56 +119,50 @@ WGMMA_ALIGNED = ("q_ptr", "cache_ptr", "bt_ptr", "seq_lens_ptr", "tbl_ptr", "sco
 
 
 def compile_wgmma(*, q_len=8, heads=4, num_splits=8):
-    """The Gluon wgmma decode score kernel (``triton.wgmma_scorer``) for SM90, specialized as
+    """The Gluon wgmma decode score kernel (``triton.decode.wgmma``) for SM90, specialized as
     a launch on an aligned cache with the default page stride gets it."""
-    from nvfp4_indexer.triton.decode import block_rows
-    from nvfp4_indexer.triton.decode_wgmma import gluon_layouts
-    from nvfp4_indexer.triton.wgmma_scorer import wgmma_score_kernel
+    from nvfp4_indexer.triton.decode.wgmma import layouts, wgmma_score_kernel
+    from nvfp4_indexer.triton.heuristics import block_rows
     rows = block_rows(q_len, heads)
-    cl, mma, ql, b_sl = gluon_layouts(rows)
+    cl, mma, ql, b_sl = layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, NUM_SPLITS=num_splits, CL=cl, MMA=mma, QL=ql,
                   B_SL=b_sl)
     return _compile(wgmma_score_kernel, WGMMA_TYPES, consts, WGMMA_ALIGNED, 4, None, None,
                     gluon=True)
 
 
-def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90, lab=0):
-    """The Gluon warp-per-split decode score kernel (``triton.mma_scorer``, one warp) for
+def compile_mma(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, arch=90):
+    """The Gluon warp-per-split decode score kernel (``triton.decode.mma``, one warp) for
     ``sm_<arch>`` (a ``triton.compile`` result), at the launcher's register cap unless
     ``maxnreg`` is given, specialized as a launch on a 16-byte aligned cache gets it (the
     page stride is never specialized: 16-byte code copies at any stride)."""
     import triton
 
-    from nvfp4_indexer.triton.decode import block_rows
-    from nvfp4_indexer.triton.decode_wgmma import mma_layouts
-    from nvfp4_indexer.triton.heuristics import MMA_MAXNREG, MMA_STAGES
-    from nvfp4_indexer.triton.mma_scorer import mma_score_kernel
+    from nvfp4_indexer.triton.decode.dispatch import MMA_MAXNREG, MMA_STAGES
+    from nvfp4_indexer.triton.decode.mma import layouts, mma_score_kernel
+    from nvfp4_indexer.triton.heuristics import block_rows
     rows = block_rows(q_len, heads)
-    cl, mma, ql, scl = mma_layouts(rows)
+    cl, mma, ql, scl = layouts(rows)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
-                  CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES, LAB=lab)
+                  CL=cl, MMA=mma, QL=ql, SCL=scl, STAGES=MMA_STAGES)
     return _compile(mma_score_kernel, WGMMA_TYPES, consts, WGMMA_ALIGNED, 1, None,
                     MMA_MAXNREG if maxnreg is None else maxnreg, arch, gluon=True)
 
 
-def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, lab=0, async_=None,
-                   stages=None, fp8=False):
-    """The Gluon page-per-warp wgmma decode score kernel (``triton.wgflat_scorer``) for SM90,
-    with the launcher's constexprs (``WGFLAT_STAGES`` / ``WGFLAT_ASYNC`` unless given),
-    specialized as a launch on a 16-byte aligned cache gets it."""
+def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, stages=None, fp8=False):
+    """The Gluon page-per-warp wgmma decode score kernel (``triton.decode.wgflat``) for SM90,
+    with the launcher's constexprs (``WGFLAT_STAGES`` ring slots unless ``stages`` is given:
+    ``DecodeConfig.ring_stages``), specialized as a launch on a 16-byte aligned cache gets it."""
     import triton
 
-    from nvfp4_indexer.triton.decode import block_rows
-    from nvfp4_indexer.triton.decode_wgmma import wgflat_layouts
-    from nvfp4_indexer.triton.heuristics import WGFLAT_ASYNC, WGFLAT_ASYNC_FP8, WGFLAT_STAGES
-    from nvfp4_indexer.triton.wgflat_scorer import wgflat_score_kernel
+    from nvfp4_indexer.triton.decode.dispatch import WGFLAT_STAGES
+    from nvfp4_indexer.triton.decode.wgflat import layouts, wgflat_score_kernel
+    from nvfp4_indexer.triton.heuristics import block_rows
     rows = block_rows(q_len, heads)
-    cl, mma, ql, scl, b_sl = wgflat_layouts(rows, fp8)
+    cl, mma, ql, scl, b_sl = layouts(rows, fp8)
     consts = dict(Q=q_len, H=heads, N=rows, BB=max(32, triton.next_power_of_2(num_reqs)),
                   CL=cl, MMA=mma, QL=ql, SCL=scl, B_SL=b_sl,
-                  STAGES=WGFLAT_STAGES if stages is None else stages,
-                  ASYNC=(WGFLAT_ASYNC_FP8 if fp8 else WGFLAT_ASYNC) if async_ is None else async_,
-                  LAB=lab, FP8=int(fp8))
+                  STAGES=WGFLAT_STAGES if stages is None else stages, FP8=int(fp8))
     return _compile(wgflat_score_kernel, WGMMA_TYPES, consts, WGMMA_ALIGNED, 4, None, maxnreg,
                     gluon=True)
 
@@ -288,8 +282,8 @@ MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="
 
 
 def compile_redux_select(*, q_len=8, heads=4, k=4, rows=4, arch=90):
-    """The Gluon select kernel (``triton.redux_select``) for ``sm_<arch>``."""
-    from nvfp4_indexer.triton.redux_select import redux_select_kernel
+    """The Gluon select kernel (``triton.decode.redux``) for ``sm_<arch>``."""
+    from nvfp4_indexer.triton.decode.redux import redux_select_kernel
     n = max(16, 1 << (q_len * heads - 1).bit_length())
     return _compile_gluon(redux_select_kernel, SELECT_TYPES,
                           dict(Q=q_len, H=heads, N=n, K=k, ROWS=rows), rows, arch)
@@ -303,10 +297,9 @@ def redux_select_report(arch: int = 90) -> list[str]:
     K 16 / S 8 (W <= 4096) and K 32 / S 8 (W <= 8192); then, for
     comparison, the plain-Triton wide select at W = 128 and merge of 10 splits x 4 candidates
     (one warp per row; SHFL count)."""
-    from nvfp4_indexer.triton.decode import _decode_merge_kernel
-    from nvfp4_indexer.triton.decode_wgmma import _select_wide_kernel
-    from nvfp4_indexer.triton.redux_select import redux_merge_kernel
-    from nvfp4_indexer.triton.redux_select import redux_select_split_kernel
+    from nvfp4_indexer.triton.decode.redux import redux_merge_kernel, redux_select_split_kernel
+    from nvfp4_indexer.triton.decode.select import select_wide_kernel
+    from nvfp4_indexer.triton.decode.split_kernel import decode_merge_kernel
     kernels = [(f"redux_select sm_{arch} K {k:2d}", compile_redux_select(k=k, arch=arch))
                for k in (1, 4, 8, 16, 32)]
     kernels += [(f"redux_merge sm_{arch} C {c:3d}",
@@ -319,11 +312,11 @@ def redux_select_report(arch: int = 90) -> list[str]:
                 for k, s in ((8, 4), (16, 4), (16, 8), (32, 8))]  # W <= 1024 .. 8192
     lines = [_count_line(label, ker, r"\bC?REDUX\b", "REDUX")  # sm_100: CREDUX
              for label, ker in kernels]
-    wide = _compile(_select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
+    wide = _compile(select_wide_kernel, SELECT_TYPES, dict(Q=8, H=4, N=32, CHUNK=128), (), 1,
                     1, None, arch)
     lines.append(_count_line(f"wide select sm_{arch} W 128 (1 warp)", wide, "SHFL", "SHFL",
                              spills=False))
-    merge = _compile(_decode_merge_kernel, MERGE_TYPES,
+    merge = _compile(decode_merge_kernel, MERGE_TYPES,
                      dict(Q=8, H=4, BLOCK_M=32, NUM_SPLITS=10, SPLITS_PAD=16, ROWS=1, KEEP=4,
                           PDL=False), (), 1, 1, None, arch)
     lines.append(_count_line(f"triton merge sm_{arch} 10 x 4 (64 padded candidates, 1 warp)",
@@ -487,9 +480,9 @@ def main(argv=None) -> int:
     reports = {
         "merge": ("the prefill merge kernel: 15 rounds against the bitonic top-16",
                   lambda arch: merge_report()),
-        "redux-select": ("the Gluon select kernel of the page-score paths (redux_select)",
+        "redux-select": ("the Gluon select kernel of the page-score paths (decode.redux)",
                          redux_select_report),
-        "wgflat": ("the Gluon page-per-warp wgmma decode scorer (wgflat_scorer)",
+        "wgflat": ("the Gluon page-per-warp wgmma decode scorer (dequant 'wgflat')",
                    lambda arch: wgflat_report()),
         "wgmma": ("the Gluon wgmma decode scorer (decode dequant 'wgmma')",
                   lambda arch: wgmma_report()),

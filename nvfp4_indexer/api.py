@@ -647,11 +647,10 @@ def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,
         if e.name != "triton":
             raise
         return
-    hz = kernels.heuristics
     sizes = [kernels.score_buffer_size(num_reqs, width, num_heads, q,
                                        num_sms=kernels.device.num_sms(device), config=config,
                                        device=device)
-             for q in range(1, 9) if q * num_heads <= hz.MAX_ROWS]
+             for q in range(1, 9) if q * num_heads <= kernels.decode.dispatch.MAX_ROWS]
     if sizes and buf.numel() < min(sizes):
         v.fail("score_buffer", f"at least {min(sizes)} float32 elements "
                "(nvfp4_indexer.triton.score_buffer_size)", f"{buf.numel()}")

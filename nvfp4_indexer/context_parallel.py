@@ -200,7 +200,7 @@ class ContextParallelDecodeWrapper(PlannedDecodeBuffers):
         rows, hr, world = b * query_len, self.num_heads, self.world
         runner = None
         if self.backend == "triton" and b > 0 and w > 0:
-            from .triton.context_parallel import ContextParallelRunner
+            from .triton.decode import ContextParallelRunner
             runner = ContextParallelRunner(
                 hr, world, self.rank, b, w, query_len, dev,
                 warmup=self.use_cuda_graph and dev.type == "cuda", **self.runner_options)

@@ -71,7 +71,7 @@ from .reference.paging import history_page_count, local_pages
 __all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "PrefillChunk",
            "plan_prefill_chunks"]
 
-# Rows a Triton decode program holds per request (``triton.decode.MAX_ROWS``): Q * H <= 64.
+# Rows a Triton decode program holds per request (``decode.dispatch.MAX_ROWS``): Q * H <= 64.
 MAX_DECODE_ROWS = 64
 SHORT_MAX_LOCAL = TOPK - 1  # rows with L <= 15 select by formula (SPEC 5): their pages are not needed
 _NUM_STAGING = 2  # alternating staging slots
@@ -656,8 +656,8 @@ class Indexer:
         # its chunks may read the cache directly (no gather) when the cache allows it
         self._direct = self._wgmma and PREFILL_DIRECT and not self._gluon_fp8
         if self._direct:
-            from .triton.decode_wgmma import _device_table
-            self._lut = _device_table(dev)
+            from .triton.decode.lut import device_table
+            self._lut = device_table(dev)
         from .triton.config import PrefillConfig
         self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
         self._ws8 = self.workspace.view(torch.uint8)

@@ -49,15 +49,15 @@ QUERY_TYPES = dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32", num_heads=
 
 
 def dec(q, h, ns, window, keep):
-    return (decode._decode_score_kernel, DECODE_TYPES,
+    return (decode.split_kernel.decode_score_kernel, DECODE_TYPES,
             dict(Q=q, H=h, BLOCK_M=heuristics.block_rows(q, h), NUM_SPLITS=ns, DOT="fp16",
                  DEQUANT="ptx", WINDOW=window, KEEP=keep, PDL=False, CANDIDATES=False),
-            dict(num_warps=4, num_stages=2, maxnreg=heuristics.MAXNREG))
+            dict(num_warps=4, num_stages=2, maxnreg=decode.dispatch.MAXNREG))
 
 
 def dmerge(q, h, ns, keep):
     rows, warps = heuristics.merge_config(ns, keep)
-    return (decode._decode_merge_kernel, MERGE_TYPES,
+    return (decode.split_kernel.decode_merge_kernel, MERGE_TYPES,
             dict(Q=q, H=h, BLOCK_M=heuristics.block_rows(q, h), NUM_SPLITS=ns,
                  SPLITS_PAD=triton.next_power_of_2(ns), ROWS=rows, KEEP=keep, PDL=False),
             dict(num_warps=warps))

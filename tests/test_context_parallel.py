@@ -389,7 +389,7 @@ def test_triton_ranks_in_process(world, options):
     """The Triton runner of every rank in one process, the exchange done by hand: more
     split candidates than 16 per row (the reduce kernel's selection rounds), one row per
     program and the windowed page loop; SPEC 9 against the exact scores, ties by smaller id."""
-    from nvfp4_indexer.triton.context_parallel import ContextParallelRunner
+    from nvfp4_indexer.triton.decode import ContextParallelRunner
     lens, q_len, heads = [0, 4500, 129, 2180], 1, 1
     cache, bt, sl, q = make_case(5, world, heads, q_len, lens, tie_req=3)
     dev = "cuda" if HAS_CUDA else "cpu"
@@ -409,18 +409,6 @@ def test_triton_ranks_in_process(world, options):
         own = q[:, r * heads:(r + 1) * heads].contiguous()
         check_triton(out, own, cache, bt, sl, q_len, run.error_bits)
         assert (out[3, :, :15] == torch.arange(15, device=dev)).all()  # every score tied
-
-
-def test_runner_errors():
-    from nvfp4_indexer.triton.context_parallel import ContextParallelRunner
-    with pytest.raises(NotImplementedError, match="group size"):
-        ContextParallelRunner(8, 4, 0, 2, 40, 4, "cpu", warmup=False)
-    with pytest.raises(ValueError, match="rank"):
-        ContextParallelRunner(1, 2, 2, 2, 40, 1, "cpu", warmup=False)
-    with pytest.raises(ValueError, match="rows_per_program"):
-        ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", rows_per_program=3, warmup=False)
-    with pytest.raises(ValueError, match="num_splits"):
-        ContextParallelRunner(1, 2, 0, 2, 40, 1, "cpu", config=_cfg(num_splits=0), warmup=False)
 
 
 def test_exchange_bytes_match_buffers():

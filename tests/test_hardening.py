@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import nvfp4_indexer as ni
-from nvfp4_indexer.triton import decode as TD
+from nvfp4_indexer.triton.decode import runner as TD
 from nvfp4_indexer.triton import gather as TG
 from nvfp4_indexer.triton import scores as TS
 from nvfp4_indexer.triton import device as DV  # noqa: E402

@@ -14,18 +14,15 @@
 - CPU (interpreter): the plain-Triton twins of the asm blocks (``ptx.dequant_f16_portable``,
   ``ptx.dequant_e4m3_bytes_portable``) against the same table on all 16 x 256 pairs.
 - CPU: the decode kernel compiles offline for SM90 with each dequant mode (Triton's bundled
-  ptxas; no GPU) with wgmma MMAs, no conversion instructions in "ptx_arith", and the
-  interpreter path ("fp32", DEQUANT "triton") still matches the reference.
+  ptxas; no GPU) with wgmma MMAs and no conversion instructions in "ptx_arith".
 - GPU (skipped without CUDA): the page operands of the ptx modes equal the portable path's
-  bit for bit on all 16 x 256 pairs, and decode selections are identical to DEQUANT="triton".
+  bit for bit on all 16 x 256 pairs (decode selections per mode:
+  ``tests/triton/decode/test_split_kernel.py``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -38,10 +35,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from nvfp4_indexer.triton import ptx  # noqa: E402
-from conformance.fixtures import selection_out
 
 HAS_CUDA = torch.cuda.is_available()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------- PTX interpreter
@@ -401,7 +396,7 @@ _COMPILE_SCRIPT = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
 from benchmarks.sass_stats import compile_decode, sass_stats
-from nvfp4_indexer.triton.heuristics import MAXNREG
+from nvfp4_indexer.triton.decode.dispatch import MAXNREG
 # spill instructions (LDL/STL; "0 B local" cannot see them) at the launch's register cap,
 # measured 3 / 0 / 33 on Triton 3.6: a bound that catches a regression, not a target
 SPILL_BOUND = {"ptx": 8, "ptx_arith": 8, "triton": 48}
@@ -445,90 +440,63 @@ print("ok elementwise", len(lines))
 def test_decode_ptx_modes_compile_offline_for_sm90():
     """The decode kernel compiles to SM90 PTX + cubin (bundled ptxas) in every dequant mode at
     its register cap (``MAXNREG``), with wgmma, a page loop holding the HGMMAs and at most a
-    few spill instructions (LDL/STL: ptx 3, triton 33 measured; ``benchmarks.sass_stats``, the
-    tool behind the instruction counts in docs/benchmarks.md), and so do the gather and insert
-    kernels (``--elementwise``: the PTX gather path issues under a third of the Triton-ops
-    path's instructions, no insert local memory) and the prefill score kernel (255 registers,
+    few spill instructions (LDL/STL: ptx 3, triton 33 measured; ``benchmarks.sass_stats``),
+    and so do the gather and insert kernels (``--elementwise``: the PTX gather path issues
+    under a third of the Triton-ops path's instructions, no insert local memory) and the
+    prefill score kernel (255 registers,
     8 spill instructions with the tokens on the MMA's N axis, whose page loop is under half as
     long, 38 on M); runs in a subprocess (this process may have interpreted kernels)."""
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.backends.nvidia import compiler  # noqa: F401
-    except ImportError:
-        pytest.skip("Triton's NVIDIA backend is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("Triton's bundled ptxas is unavailable")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 5, proc.stdout
-
-
-_INTERP_SCRIPT = r'''
-import torch
-from benchmarks.labs import dequant_lab as L
-rows = L.check_decode(torch.device("cpu"), {"base": {}, "win2": dict(window=2)},
-                      lens=(2300, 0, 129, 2100))
-for what, verdict in rows:
-    print(what, "|", verdict)
-'''
-
-
-@pytest.mark.skipif(tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4),
-                    reason="Triton 3.6's interpreter breaks on numpy >= 2.4 (CI pins < 2.4)")
-def test_interpreter_decode_default_and_small_window_match_reference():
-    """Under the interpreter the default path ("fp32" dot, DEQUANT "triton") is valid vs the
-    exact reference scores (SPEC 9 b=15 check of the lab, on a batch with NaN, negative,
-    maximal and subnormal scale pages), and a 2-page top-k window gives identical rows."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [ln for ln in proc.stdout.splitlines() if "|" in ln]
-    assert len(lines) == 2 and all("| ok: tie-aware failures 0" in ln for ln in lines), \
-        proc.stdout
-    assert "rows == base 1.000" in lines[1], proc.stdout
-
-
-def test_runner_rejects_bad_knobs():
-    """DecodeConfig / DecodeRunner validate the lab knobs before any launch (no GPU needed)."""
-    from nvfp4_indexer.triton import DecodeConfig, decode, heuristics
-
-    def make(**knobs):
-        return decode.DecodeRunner(4, 2, 8, 2, "cpu", config=DecodeConfig(**knobs),
-                                   warmup=False)
-    with pytest.raises(ValueError, match="dequant"):
-        make(dequant="bogus")
-    with pytest.raises(ValueError, match="dequant"):  # ptx modes need a CUDA GPU
-        make(dequant="ptx")
-    with pytest.raises(ValueError, match="num_warps"):
-        make(num_warps=3)
-    for bad in (3, 0, 512):  # a power of two with window * BLOCK_M <= 4096 (BLOCK_M 16)
-        with pytest.raises(ValueError, match="window"):
-            make(window=bad)
-    with pytest.raises(ValueError, match="maxnreg"):
-        make(maxnreg=8)
-    for bad in (-1, 0, 2.5, "3", True, heuristics.MAX_SPLITS + 1):  # never silently unwritten
-        with pytest.raises(ValueError, match="num_splits"):
-            make(num_splits=bad)
-    for bad in (True, 1, "yes"):  # programmatic dependent launch: a bool, SM90+ CUDA only
-        with pytest.raises(ValueError, match="pdl"):
-            make(pdl=bad)
-    r = make(programs_per_sm=1)
-    assert r.dequant == "triton" and r.num_splits >= 1
+    from kernel_harness import offline_lines
+    lines = offline_lines(_COMPILE_SCRIPT)
+    assert sum(ln.startswith("ok ") for ln in lines) == 5, lines
 
 
 # ------------------------------------------------------------------------------------ GPU
 
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
-if HAS_CUDA:
-    # the lab's operand kernel and pages (benchmarks/labs/dequant_lab.py): one definition of both
-    from benchmarks.labs.dequant_lab import operand_kernel as _operand_kernel
-    from benchmarks.labs.dequant_lab import pair_page_cache as _pair_page_cache
+def _operand_kernel():
+    """A Triton kernel: page ``pid``'s keys through ``ptx.nvfp4_dequant_ptx`` exactly as
+    the decode kernel calls it (uint16 code pairs, fp16 group scales), stored fp16 [128, 128].
+    Defined on call (it needs the GPU backend)."""
+    import triton
+    import triton.language as tl
+
+    from nvfp4_indexer.triton import ptx
+
+    @triton.jit
+    def kernel(cache_ptr, out_ptr, DEQUANT: tl.constexpr):
+        pid = tl.program_id(0)
+        page = cache_ptr + pid * 9216
+        t = tl.arange(0, 128)[:, None]
+        codes = tl.load((page + t * 64).to(tl.pointer_type(tl.uint16), bitcast=True)
+                        + tl.arange(0, 32)[None, :])
+        sb = tl.load(page + 8192 + t * 8 + tl.arange(0, 8)[None, :])
+        s8 = sb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (128, 8, 4)), (128, 32))
+        k0, k1, k2, k3 = ptx.nvfp4_dequant_ptx(codes, s, DEQUANT)
+        base = out_ptr + pid * 128 * 128 + t * 128 + 4 * tl.arange(0, 32)[None, :]
+        tl.store(base, k0)
+        tl.store(base + 1, k1)
+        tl.store(base + 2, k2)
+        tl.store(base + 3, k3)
+
+    return kernel
+
+
+def _pair_page_cache() -> torch.Tensor:
+    """Two pages (CPU cache) holding all 16 x 256 (code, scale byte) pairs in both nibbles of
+    every code byte position class."""
+    from nvfp4_indexer import reference as ref
+    cache = ref.new_index_cache(2, device="cpu")
+    raw = cache.view(2, 9216)
+    group = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)
+    raw[0, :8192] = group.repeat(1024)
+    raw[1, :8192] = ((group << 4) | (group >> 4)).repeat(1024)
+    scales = torch.arange(1024) % 256
+    raw[0, 8192:] = scales.to(torch.uint8)
+    raw[1, 8192:] = ((scales * 37 + 11) % 256).to(torch.uint8)
+    return cache
 
 
 @pytest.mark.gpu
@@ -549,37 +517,3 @@ def test_gpu_ptx_operands_bit_exact(mode):
     assert torch.equal(got[keep].view(torch.int32), want[keep].view(torch.int32))
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("mode,window", [("ptx", 64), ("ptx", 4), ("ptx_arith", 32),
-                                         ("triton", 16)])
-def test_gpu_decode_modes_match_triton(mode, window):
-    """Decode with the ptx modes / top-k windows selects the same pages as the default path
-    (identical operands; fp32 accumulation order may differ, so compare tie-aware through
-    the reference checker of test_triton_scoring)."""
-    from benchmarks.pool import PagePool, random_index_q
-    from nvfp4_indexer import reference as ref
-    from nvfp4_indexer.triton import decode
-    b, q_len, heads, max_len = 8, 8, 4, 40000
-    dev = torch.device("cuda")
-    pool = PagePool(b * (max_len // 128 + 1) + 8, dev, seed=5)
-    lens = [max_len, 0, 129, 2050, 30000, 12345, 999, 40000]
-    bt = pool.block_tables(lens, 1)[0]
-    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
-    q = random_index_q(b * q_len, heads, dev, torch.Generator(device=dev).manual_seed(3))
-    outs = {}
-    for name, kw in (("base", {}), ("new", {"dequant": mode, "window": window})):
-        out = selection_out(b * q_len, heads, device=dev)
-        decode.DecodeRunner(heads, b, bt.shape[1], q_len, dev,
-                            config=decode.DecodeConfig(**kw)).run(q, pool.cache, bt, sl, out)
-        outs[name] = out
-    torch.cuda.synchronize()
-    if not torch.equal(outs["base"], outs["new"]):  # only exact-tie reorderings are allowed
-        qsl = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
-        exact = ref.page_scores(q, pool.cache, bt, sl, qsl)
-        diff = (outs["base"] != outs["new"]).any(-1)
-        for r, h in diff.nonzero().tolist():
-            a, n = outs["base"][r, h, :15].long(), outs["new"][r, h, :15].long()
-            sa, sn = exact[r, h, a.clamp(min=0)], exact[r, h, n.clamp(min=0)]
-            tol = 2.0 ** -decode.SCORE_ERROR_BITS["fp16"] * sa.abs().max()
-            assert torch.all((sa - sn).abs() <= 2 * tol), (r, h, a.tolist(), n.tolist())

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_triton_decode_wgmma import _offline
+from kernel_harness import offline_lines as _offline
 from test_triton_scoring import (  # noqa: F401  (sets TRITON_INTERPRET before the kernels)
     BITS,
     DEV,
@@ -247,13 +247,14 @@ def test_compiles_offline_for_sm90():
 
 def _direct_lut_emulate(asm, codes, scales):
     """The direct converter's lookup asm (``prefill_wgmma._F16X2_LUT_PTX``) replayed on the
-    host for groups given as ``lut.exhaustive_groups``: fp16 bits ``[N, 16]``."""
-    from nvfp4_indexer.triton import lut
+    host for groups given as ``lut_probes.exhaustive_groups``: fp16 bits ``[N, 16]``."""
+    import lut_probes
+    from nvfp4_indexer.triton.decode import lut
     words = codes.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N, 2]
     row = lut.lut_table()[scales.long()]
     out = []
     for w in range(2):
-        regs = lut.ptx_emulate(asm, {"$4": words[:, w], "$5": row & 0xFFFFFFFF,
+        regs = lut_probes.ptx_emulate(asm, {"$4": words[:, w], "$5": row & 0xFFFFFFFF,
                                      "$6": (row >> 32) & 0xFFFFFFFF,
                                      "$7": (scales.long() >> 7) * 0x88888888})
         for b in range(4):  # f16x2 of dims 8w + 2b (low half), 8w + 2b + 1
@@ -267,11 +268,11 @@ def test_direct_lut_asm_bit_exact_on_host():
     gives the reference dequant_e4m3 widened to fp16 for every (code, scale byte) pair in
     every nibble position, dims in memory order (SPEC 1.4); one changed selector digit (a
     sign taken from the wrong nibble) is caught."""
-    from nvfp4_indexer.triton import lut
+    from kernel_harness import strict_equal as _strict_equal
+    from lut_probes import exhaustive_groups, reference_f16_bits
     from nvfp4_indexer.triton.prefill_wgmma import _F16X2_LUT_PTX
-    from test_triton_decode_wgmma import _strict_equal
-    codes, scales = lut.exhaustive_groups()
-    want = lut.reference_f16_bits(codes, scales)
+    codes, scales = exhaustive_groups()
+    want = reference_f16_bits(codes, scales)
     _strict_equal(_direct_lut_emulate(_F16X2_LUT_PTX.value, codes, scales), want)
     mutant = _F16X2_LUT_PTX.value.replace("0x1151", "0x0151", 1)
     with pytest.raises(AssertionError):

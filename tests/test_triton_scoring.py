@@ -1,13 +1,11 @@
 """Triton scoring and top-k kernels vs the reference (SPEC 4-7, 9).
 
-Kernels: the decode indexer (``DecodeRunner`` / ``decode_indexer``, NVFP4 pages read in place),
-the prefill indexer (FP8 workspace), ``page_scores``, and the top-k device functions.
-
-How the CPU run works: without CUDA this module sets ``TRITON_INTERPRET=1`` before importing
-any ``nvfp4_indexer.triton`` module (Triton reads it when ``@triton.jit`` decorates a function)
-and reloads the kernel modules if something imported them compiled earlier. Under the
-interpreter the scorers use an IEEE fp32 dot of exactly decoded E4M3 values; on a GPU the
-default fp16 MMA (and the bf16, fp8 and fp32 comparison modes) run in the ``gpu`` tests.
+Kernels: the prefill indexer (FP8 workspace), ``page_scores``, the page operands, the top-k
+device functions, and every dot mode through decode and prefill on a GPU (the decode runner's
+own tests: ``tests/triton/decode``). The harness (batches, checks, the interpreter switch):
+``kernel_harness``. Under the interpreter the scorers use an IEEE fp32 dot of exactly decoded
+E4M3 values; on a GPU the default fp16 MMA (and the bf16, fp8 and fp32 comparison modes) run
+in the ``gpu`` tests.
 
 Checks (SPEC 9): output structure bit-exact (local slot, -1 padding, ascending when L <= 15,
 padding rows, no duplicates, ids in [0, L)); scores tie-aware against the exact reference
@@ -19,224 +17,28 @@ selection bit-exact (decode == reference ``select_pages`` of the kernel's own pa
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede triton's and the kernels' import
-
-pytest.importorskip("triton")
+from kernel_harness import (  # noqa: F401  (sets TRITON_INTERPRET before the kernels)
+    BITS, DECODE, DEV, EMPTY, HAS_CUDA, PAD_STRIDE, PREFILL, SCORES, Batch, assert_guards,
+    assert_unchanged, cache_storage, cache_to_device, check_scores, check_selection, decode_qsl,
+    empty_topk, load_candidates, local_pages, nvfp4_page_operands, pack_candidate,
+    poisoned_out, random_q, realistic_lens, rows_request_of, snapshot, store_candidates,
+    topk_insert, write_selection)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import nvfp4_indexer as ni  # noqa: E402
 from nvfp4_indexer import reference as ref  # noqa: E402
+from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
 
-from conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
-from conformance.judges import explain_row, tie_aware_check  # noqa: E402
-from conformance.oracles import local_pages as harness_local_pages  # noqa: E402
-
-DEV = "cuda" if HAS_CUDA else "cpu"
-PAD_STRIDE = 9216 + 48  # a page stride with padding bytes (SPEC 2)
-GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)
-_MODULES = ("numerics", "dequantize", "layout", "dot_modes", "ptx", "operands", "topk", "scan",
-            "gather", "scoring", "lut", "decode_wgmma", "decode", "scores", "prefill")
+from conformance.fixtures import selection_out  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
-
-
-def _kernels():
-    """The kernel modules, interpreted when there is no GPU (reloaded if imported compiled)."""
-    mods = {n: importlib.import_module(f"nvfp4_indexer.triton.{n}") for n in _MODULES}
-    if not HAS_CUDA:
-        from triton.runtime.interpreter import InterpretedFunction
-        if not isinstance(mods["numerics"].e4m3_round, InterpretedFunction):
-            for name in _MODULES:  # dependency order
-                mods[name] = importlib.reload(sys.modules[f"nvfp4_indexer.triton.{name}"])
-    return mods
-
-
-K = _kernels()
-TOPK_MOD, DECODE, SCORES, PREFILL = K["topk"], K["decode"], K["scores"], K["prefill"]
-from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
-from nvfp4_indexer.triton.device import num_sms  # noqa: E402
-EMPTY = TOPK_MOD.EMPTY
-empty_topk, pack_candidate, topk_insert = (TOPK_MOD.empty_topk, TOPK_MOD.pack_candidate,
-                                           TOPK_MOD.topk_insert)
-store_candidates, load_candidates, write_selection = (
-    TOPK_MOD.store_candidates, TOPK_MOD.load_candidates, TOPK_MOD.write_selection)
-nvfp4_page_operands = K["operands"].nvfp4_page_operands
-BITS = DECODE.SCORE_ERROR_BITS["fp32" if not HAS_CUDA else K["dot_modes"].DEFAULT_GPU_DOT]
-
-
-# ------------------------------------------------------------------------------- batch builder
-
-def _storage(cache: torch.Tensor) -> torch.Tensor:
-    """Flat uint8 view of the cache's whole storage (padding bytes included)."""
-    flat = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    st = cache.untyped_storage()
-    return flat.set_(st, 0, (st.nbytes(),))
-
-
-def _to_device(cache: torch.Tensor) -> torch.Tensor:
-    """Copy a cache view (page stride kept) to the GPU."""
-    raw = _storage(cache).to(DEV)
-    return raw.as_strided(cache.shape, cache.stride())
-
-
-class Batch:
-    """Paged requests with random page bytes, scattered blocks and poisoned everything-else.
-
-    Page bytes are random: codes uniform, scale bytes uniform in [lo, hi] (valid E4M3, no NaN)
-    so token norms vary over a few binades. ``alias`` ``(request, j_from, j_to)`` points logical
-    page j_to at j_from's physical block (exact ties). Every block that is not a history page
-    of some request is poisoned (codes 0xAB, NaN scales), the page stride's padding bytes are
-    0xFF, and block-table entries at or past a request's history page count hold garbage ids,
-    so a read of anything that is not history shows up as NaN scores or a crash.
-    """
-
-    def __init__(self, seq_lens, seed: int, *, page_stride: int = PAD_STRIDE, spare: int = 3,
-                 alias=(), width_extra: int = 1, scale_range=(0x28, 0x48), device=DEV):
-        g = torch.Generator().manual_seed(seed)
-        self.seq_lens_list = [int(s) for s in seq_lens]
-        hist = [max(s - 1, 0) // 128 for s in self.seq_lens_list]
-        need = [math.ceil(s / 128) for s in self.seq_lens_list]
-        total = sum(need) + spare
-        self.width = max(need + [1]) + width_extra
-        phys = torch.randperm(total, generator=g)
-        choice = torch.randint(0, len(GARBAGE_IDS), (len(need), self.width), generator=g)
-        bt = torch.tensor(GARBAGE_IDS, dtype=torch.int64)[choice]
-        at = 0
-        for r, n in enumerate(need):
-            bt[r, :hist[r]] = phys[at:at + hist[r]]
-            at += n
-        for r, j_from, j_to in alias:
-            bt[r, j_to] = bt[r, j_from]
-        self.cache = ref.new_index_cache(total, device="cpu", page_stride=page_stride)
-        raw = _storage(self.cache)
-        raw.fill_(0xFF)  # padding bytes
-        pages = raw.view(total, page_stride)[:, :9216]
-        pages[:, :8192] = torch.randint(0, 256, (total, 8192), generator=g, dtype=torch.uint8)
-        pages[:, 8192:] = torch.randint(scale_range[0], scale_range[1] + 1, (total, 1024),
-                                        generator=g, dtype=torch.uint8)
-        history = {int(bt[r, j]) for r in range(len(need)) for j in range(hist[r])}
-        for b in range(total):
-            if b not in history:
-                pages[b, :8192] = 0xAB
-                pages[b, 8192:] = 0x7F
-        self.history = hist
-        if device != "cpu":  # keep the page stride: copy the storage, rebuild the view
-            self.cache = _to_device(self.cache)
-        self.block_table = bt.to(torch.int32).to(device)
-        self.seq_lens = torch.tensor(self.seq_lens_list, dtype=torch.int32, device=device)
-
-    def page_bytes(self, block: int) -> torch.Tensor:
-        """Writable uint8 view of physical page ``block``'s 9216 bytes."""
-        flat = _storage(self.cache)
-        s = self.cache.stride(0)
-        return flat[block * s:block * s + 9216]
-
-
-def random_q(rows: int, heads: int, seed: int, device=DEV) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn((rows, heads, 128), generator=g) * 3.0
-    return ref.encode_e4m3(x).to(device)
-
-
-def decode_qsl(b: int, q: int, device=DEV) -> torch.Tensor:
-    return torch.arange(b + 1, dtype=torch.int32, device=device) * q
-
-
-# ---------------------------------------------------------------------------------- checking
-
-def local_pages(seq_lens: torch.Tensor, qsl: torch.Tensor) -> torch.Tensor:
-    """Local page of every row (-1 for padding rows), the harness's ``oracles.local_pages``."""
-    return harness_local_pages(seq_lens.cpu(), qsl.cpu())
-
-
-def check_selection(out, exact, mag, local, bits, aliases=(), rows_request=None):
-    """Assert that ``out [N, H, 16]`` passes the harness's SPEC 5 / 9 judge
-    (``conformance.judges.tie_aware_check``) against exact scores ``exact [N, H, W]`` (float32,
-    -inf off history), magnitudes ``mag [N, H]`` and local pages ``local [N]`` (-1 for padding
-    rows). ``aliases``: (request, u, w) pairs of logical pages with identical bytes (u < w): w
-    never ranks before u. Returns the number of long rows whose selection differs from the
-    reference's (rows that needed the tolerance).
-    """
-    out, local = out.cpu(), local.cpu()
-    tie = tie_aware_check(out, exact.cpu(), mag.cpu(), local, bits)
-    bad = (tie.status == 2).nonzero().tolist()
-    assert not bad, "; ".join(f"row {t} head {hh}: {explain_row(tie, t, hh)}"
-                              for t, hh in bad[:4])
-    long_rows = (local >= 16).nonzero().flatten()
-    # Exact ties from aliased pages (identical bytes score identically): the smaller id first.
-    sel = out[long_rows][..., :15]
-    for r, u, v in aliases:
-        for k, row in enumerate(long_rows.tolist()):
-            if rows_request[row] != r or int(local[row]) <= v:
-                continue
-            for hh in range(out.shape[1]):
-                lst = sel[k, hh].tolist()
-                if v in lst:
-                    assert u in lst and lst.index(u) < lst.index(v), \
-                        f"exact tie {u} < {v} misordered in row {row} head {hh}: {lst}"
-    return int((tie.status[long_rows] != 0).any(-1).sum())
-
-
-def rows_request_of(qsl: torch.Tensor) -> list[int]:
-    q = qsl.tolist()
-    return [r for r in range(len(q) - 1) for _ in range(q[r + 1] - q[r])]
-
-
-def check_scores(got, exact, mag, bits):
-    """Page scores: -inf / NaN exactly where the reference has them, finite within e."""
-    got, exact, mag = got.cpu().double(), exact.cpu().double(), mag.cpu()
-    assert torch.equal(torch.isneginf(got), torch.isneginf(exact)), "-inf positions differ"
-    assert torch.equal(torch.isnan(got), torch.isnan(exact)), "NaN positions differ"
-    fin = torch.isfinite(exact)
-    err = (got - exact).abs()
-    e = (2.0 ** -bits) * mag[..., None].expand_as(got)
-    bad = fin & (err > e)
-    assert not bad.any(), f"score error beyond 2^-{bits} * magnitude at {bad.nonzero()[:4]}"
-    rel = torch.where(fin & (mag[..., None] > 0), err / mag[..., None].clamp(min=1e-300),
-                      torch.zeros_like(err))
-    worst = float(rel.max()) if rel.numel() else 0.0
-    return math.inf if worst == 0 else -math.log2(worst)
-
-
-def decode_check(batch, q, q_len, out, bits, aliases=()):
-    qsl = decode_qsl(batch.seq_lens.shape[0], q_len, q.device)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    return check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), bits, aliases,
-                           rows_request_of(qsl))
-
-
-def snapshot(batch, q):
-    return (_storage(batch.cache).clone(), batch.block_table.clone(), batch.seq_lens.clone(),
-            q.view(torch.uint8).clone())
-
-
-def assert_unchanged(batch, q, snap):
-    assert torch.equal(_storage(batch.cache), snap[0]), "cache modified"
-    assert torch.equal(batch.block_table, snap[1]) and torch.equal(batch.seq_lens, snap[2])
-    assert torch.equal(q.view(torch.uint8), snap[3]), "index_q modified"
-
-
-def poisoned_out(rows: int, heads: int, device=DEV):
-    """A [rows + 2, H, 16] buffer of OUT_POISON and the contiguous [rows, H, 16] view inside it."""
-    big = selection_out(rows + 2, heads, device)
-    return big, big[1:rows + 1]
-
-
-def assert_guards(big):
-    assert (big[0] == OUT_POISON).all() and (big[-1] == OUT_POISON).all(), "wrote outside out"
 
 
 # ----------------------------------------------------------------------- top-k device functions
@@ -308,7 +110,7 @@ def test_page_operands_bit_exact(dot):
     """What the scorers multiply is dequant_e4m3 (SPEC 1.4), bit for bit, for all 16 x 256
     (code, scale byte) pairs in both nibbles (NaN and negative scales included)."""
     cache = ref.new_index_cache(3, device="cpu", page_stride=PAD_STRIDE)
-    raw = _storage(cache).view(3, PAD_STRIDE)
+    raw = cache_storage(cache).view(3, PAD_STRIDE)
     raw[:, 9216:] = 0xFF
     group = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)
     raw[0, :8192] = group.repeat(1024)  # low nibbles even codes, high nibbles odd codes
@@ -319,7 +121,7 @@ def test_page_operands_bit_exact(dot):
     raw[1, :9216] = 0xAB  # never read
     blocks = torch.tensor([2, 0], dtype=torch.int32)
     want = ref.decode_e4m3(ref.dequantize_nvfp4(*ref.read_blocks(cache, blocks.long())))
-    cache = cache if DEV == "cpu" else _to_device(cache)
+    cache = cache if DEV == "cpu" else cache_to_device(cache)
     blocks = blocks.to(DEV)
     got = torch.full((2, 128, 128), -7.0, device=DEV)
     _page_operands_kernel[(2,)](cache, cache.stride(0), blocks, got, DOT=dot)
@@ -330,164 +132,6 @@ def test_page_operands_bit_exact(dot):
 
 
 # ------------------------------------------------------------------------ decode (interpreter)
-
-def decode_lens(q_len: int) -> list[int]:
-    """0 (padding), tiny, page edges, and long enough for L >= 16 with rows on both sides of
-    a page boundary (2050 - Q + i crosses 2048)."""
-    return [max(s, q_len) if s else 0 for s in (2100, 0, 1, 127, 128, 129, 2050, 2333)]
-
-
-@pytest.mark.parametrize("q_len,heads,num_splits,window", [(1, 1, 1, 4), (2, 2, 3, 2),
-                                                           (4, 2, None, 64), (8, 1, 5, 1),
-                                                           (1, 4, 2, 64)])
-def test_decode_matches_reference(q_len, heads, num_splits, window):
-    """Decode equals the reference (tie-aware), including several top-k windows per program
-    (small ``window``: the alternating halves of the window buffer and the merge rounds)."""
-    aliases = ((0, 2, 9), (7, 0, 5))  # request, u, w: page w shares page u's block
-    batch = Batch(decode_lens(q_len), seed=10 * q_len + heads,
-                  alias=[(r, u, w) for r, u, w in aliases])
-    b = batch.seq_lens.shape[0]
-    q = random_q(b * q_len, heads, seed=q_len)
-    snap = snapshot(batch, q)
-    big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
-                                 config=DECODE.DecodeConfig(num_splits=num_splits, window=window))
-    if num_splits is not None:
-        assert runner.num_splits == num_splits
-    runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
-    assert_guards(big)
-    assert_unchanged(batch, q, snap)
-    decode_check(batch, q, q_len, out, runner.error_bits, aliases)
-    if not HAS_CUDA:
-        # Same tiles, same dot: page_scores computes the very scores decode selected from,
-        # so the selection must be the reference's selection of them, bit for bit.
-        qsl = decode_qsl(b, q_len)
-        s = SCORES.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl)
-        assert torch.equal(out, ref.select_pages(s, local_pages(batch.seq_lens, qsl)))
-
-
-def test_decode_nan_pages_and_api():
-    """Corrupted pages (SPEC 4): an all-NaN page scores NaN and ranks below every number, NaN
-    pages among themselves by smaller id; a partly NaN page scores the max of its other tokens.
-    Through the public API with backend="triton"."""
-    q_len, heads = 2, 2
-    batch = Batch([2230, 2200], seed=5)
-    nan_pages = ((0, 14), (0, 3), (0, 11), (1, 6))
-    for r, j in nan_pages:  # all 128 tokens NaN
-        batch.page_bytes(int(batch.block_table[r, j]))[8192:] = 0x7F
-    part = batch.page_bytes(int(batch.block_table[1, 2]))
-    part[8192:8192 + 8 * 100] = 0xFF  # tokens 0..99 NaN (negative-NaN byte), 100..127 not
-    q = random_q(4, heads, seed=3)
-    qsl = decode_qsl(2, q_len)
-    s = SCORES.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    for r, j in nan_pages:
-        assert torch.isnan(exact[2 * r:2 * r + 2, :, j]).all()
-    assert torch.isfinite(exact[2:, :, 2]).all()
-    check_scores(s, exact, mag, BITS)
-    out = ni.decode_indexer(q, batch.cache, batch.block_table, batch.seq_lens, q_len,
-                            backend="triton")
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-    # Request 0: L = 17, 14 numeric history pages, then the NaN page with the smallest id.
-    for row in (0, 1):
-        for h in range(heads):
-            got = out[row, h].tolist()
-            assert got[14] == 3 and got[15] == 17 and not {11, 14} & set(got)
-    # Request 1: L = 17, 16 numeric pages: the NaN page 6 is never selected.
-    assert (out[2:, :, :15] != 6).all()
-    if not HAS_CUDA:
-        assert torch.equal(out, ref.select_pages(s, local_pages(batch.seq_lens, qsl)))
-
-
-def test_decode_runner_in_place_updates():
-    """One runner, its buffers changed in place between runs (the CUDA-graph contract, SPEC 6):
-    seq_lens grow / shrink / become padding, block tables are rewritten, q changes."""
-    q_len, heads, b = 2, 2, 3
-    first = Batch([2100, 0, 300], seed=21)
-    second = Batch([0, 2400, 2110], seed=22)
-    third = Batch([129, 2060, 0], seed=23)
-    width = max(first.width, second.width, third.width)
-    # One cache holding all three batches' blocks; block ids offset per batch.
-    caches = [first, second, third]
-    sizes = [c.cache.shape[0] for c in caches]
-    cache = ref.new_index_cache(sum(sizes), device=DEV, page_stride=PAD_STRIDE)
-    raw = _storage(cache)
-    tables = []
-    at = 0
-    for c, n in zip(caches, sizes):
-        raw[at * PAD_STRIDE:(at + n) * PAD_STRIDE] = _storage(c.cache)[:n * PAD_STRIDE]
-        t = torch.full((b, width), -1, dtype=torch.int32, device=DEV)
-        hist = torch.arange(c.width, device=DEV)[None, :] < torch.tensor(
-            c.history, device=DEV)[:, None]
-        t[:, :c.width] = torch.where(hist, c.block_table + at, c.block_table)
-        tables.append(t)
-        at += n
-    bt_buf = torch.full((b, width), 77, dtype=torch.int32, device=DEV)
-    sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
-    q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
-    big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
-                                 config=DECODE.DecodeConfig(num_splits=3), warmup=True)
-    for step, (c, t) in enumerate(zip(caches + caches[:1], tables + tables[:1])):
-        bt_buf.copy_(t)
-        sl_buf.copy_(c.seq_lens)
-        q_buf.copy_(random_q(b * q_len, heads, seed=100 + step))
-        out.fill_(OUT_POISON)
-        runner.run(q_buf, cache, bt_buf, sl_buf, out)
-        assert_guards(big)
-        qsl = decode_qsl(b, q_len)
-        exact, mag = ref.page_scores(q_buf, cache, bt_buf, sl_buf, qsl, with_magnitude=True)
-        check_selection(out, exact, mag, local_pages(sl_buf, qsl), runner.error_bits)
-
-
-def test_decode_score_buffer_and_splits():
-    """score_buffer_size / NUM_SPLITS are static-shape functions; a shared buffer works and a
-    short or misaligned one is refused."""
-    hz = HZ
-    assert hz.choose_num_splits(1, 1, 132) == 1
-    assert hz.choose_num_splits(5000, 2000, 132) == 1
-    assert hz.choose_num_splits(1, 1024, 132) == hz.MAX_SPLITS
-    assert 1 < hz.choose_num_splits(8, 400, 132) <= 200
-    n = DECODE.score_buffer_size(2, 20, 2, 2, num_sms=2)
-    ns = hz.choose_num_splits(2, 20, 2)
-    keep = hz.keep_per_split(ns, 20)
-    assert n == 2 * 2 * 16 * ns * keep and ns > 1 and hz.decode_window(ns, 20, 16) == 1
-    assert keep == min(16, triton.next_power_of_2(-(-19 // ns)))
-    assert DECODE.score_buffer_size(2000, 20, 2, 2, num_sms=2) == 0
-    # long splits buffer WINDOW pages of scores per program (two halves)
-    assert hz.decode_window(1, 2000, 16) == hz.WINDOW
-    # a runner with overrides fits a buffer sized with the same overrides, not a smaller one
-    for kw in ({"num_splits": 7}, {"programs_per_sm": 1}, {"window": 4, "num_splits": 2}):
-        cfg = DECODE.DecodeConfig(**kw)
-        need = DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=num_sms(DEV), config=cfg)
-        DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
-                            score_buffer=torch.empty(need, device=DEV), config=cfg)
-        if need > 2:
-            with pytest.raises(ValueError, match="score_buffer"):
-                DECODE.DecodeRunner(2, 3, 2000, 2, DEV, warmup=False,
-                                    score_buffer=torch.empty(need - 2, device=DEV), config=cfg)
-    ns3 = hz.choose_num_splits(3, 2000, 2)
-    assert DECODE.score_buffer_size(3, 2000, 2, 2, num_sms=2) == \
-        2 * 3 * 16 * ns3 * hz.keep_per_split(ns3, 2000) + 3 * ns3 * 2 * hz.WINDOW * 16
-    split_ns = DECODE.DecodeConfig(num_splits=ns)
-    with pytest.raises(ValueError, match="score_buffer"):
-        DECODE.DecodeRunner(2, 2, 20, 2, DEV, score_buffer=torch.empty(4, device=DEV),
-                            config=split_ns)
-    with pytest.raises(ValueError, match="score_buffer"):
-        DECODE.DecodeRunner(2, 2, 20, 2, DEV, score_buffer=torch.empty(n + 2, device=DEV)[1:],
-                            config=split_ns)
-    with pytest.raises(NotImplementedError, match="query_len"):
-        DECODE.DecodeRunner(16, 2, 20, 8, DEV)
-    batch = Batch([2100, 2200], seed=31)
-    buf = torch.full((n + 6,), float("nan"), device=DEV)
-    q = random_q(4, 2, seed=4)
-    out = selection_out(4, 2, device=DEV)
-    runner = DECODE.DecodeRunner(2, 2, batch.width, 2, DEV, score_buffer=buf, config=split_ns)
-    runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
-    decode_check(batch, q, 2, out, runner.error_bits)
-    with pytest.raises(ValueError, match="expected index_q"):
-        runner.run(q[:2], batch.cache, batch.block_table, batch.seq_lens, out)
 
 
 # ------------------------------------------------------------------------------------ prefill
@@ -613,116 +257,6 @@ def test_page_scores_matches_reference():
 # ------------------------------------------------------------------------------ GPU (realistic)
 
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-
-
-def realistic_lens(b: int, max_len: int, q_len: int, seed: int, padding: int = 0) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(q_len, max_len + 1, (b,), generator=g).tolist()
-    lens[0] = max_len
-    for i in range(1, 1 + padding):
-        lens[i] = 0
-    return lens
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("b,max_len,q_len,heads", [(1, 131072, 8, 4), (4, 131072, 1, 1),
-                                                   (8, 40000, 4, 2), (64, 20000, 8, 4),
-                                                   (64, 131072, 1, 2), (32, 3000, 2, 4)])
-def test_gpu_decode_realistic(b, max_len, q_len, heads):
-    batch = Batch(realistic_lens(b, max_len, q_len, seed=b + max_len, padding=min(2, b - 1)),
-                  seed=b, page_stride=9216, alias=[(0, 3, 700)] if max_len > 100000 else ())
-    q = random_q(b * q_len, heads, seed=b)
-    big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV)
-    runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
-    torch.cuda.synchronize()
-    assert_guards(big)
-    aliases = ((0, 3, 700),) if max_len > 100000 else ()
-    decode_check(batch, q, q_len, out, runner.error_bits, aliases)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("pdl", [False, True])
-def test_gpu_decode_cuda_graph_replays(pdl):
-    """Capture DecodeRunner.run once; 50 replays after in-place changes of q, seq_lens
-    (including zero-length padding requests) and block tables, each against the reference.
-    ``pdl``: the merge kernel launched with programmatic dependent launch (SM90+)."""
-    if pdl and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("programmatic dependent launch needs SM90+")
-    b, q_len, heads, max_len = 16, 4, 4, 65536
-    pool = Batch([max_len] * 4, seed=71, page_stride=PAD_STRIDE, spare=16)
-    width = pool.width
-    blocks_per_req = max_len // 128 - 1  # history blocks of a full request
-    pool_blocks = torch.cat([pool.block_table[r, :blocks_per_req] for r in range(4)])
-    bt_buf = torch.zeros((b, width), dtype=torch.int32, device=DEV)
-    sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
-    q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
-    big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
-                                 config=DECODE.DecodeConfig(pdl=pdl))
-    assert runner.num_splits > 1  # the merge kernel (the PDL launch) runs
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        runner.run(q_buf, pool.cache, bt_buf, sl_buf, out)  # warm (already compiled)
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        runner.run(q_buf, pool.cache, bt_buf, sl_buf, out)
-    g = torch.Generator().manual_seed(72)
-    qsl = decode_qsl(b, q_len)
-    for step in range(50):
-        lens = torch.randint(q_len, max_len, (b,), generator=g)
-        lens[torch.rand(b, generator=g) < 0.2] = 0
-        if step % 7 == 0:
-            lens[:] = 0
-        perm = torch.randperm(len(pool_blocks), generator=g)[:width].to(DEV)
-        t = torch.full((b, width), 2**31 - 1, dtype=torch.int32, device=DEV)
-        for r in range(b):
-            n = max(int(lens[r]) - 1, 0) // 128
-            shift = int(torch.randint(0, len(pool_blocks) - width, (1,), generator=g))
-            t[r, :n] = pool_blocks[(perm[:n] + shift) % len(pool_blocks)]
-        bt_buf.copy_(t)
-        sl_buf.copy_(lens.to(torch.int32))
-        q_buf.copy_(random_q(b * q_len, heads, seed=1000 + step))
-        out.fill_(OUT_POISON)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_guards(big)
-        exact, mag = ref.page_scores(q_buf, pool.cache, bt_buf, sl_buf, qsl,
-                                     with_magnitude=True)
-        check_selection(out, exact, mag, local_pages(sl_buf, qsl), runner.error_bits)
-
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_wrapper_graph():
-    """The public DecodeIndexerWrapper (plan outside, run captured) over DecodeRunner."""
-    b, q_len, heads = 8, 2, 4
-    batch = Batch(realistic_lens(b, 30000, q_len, seed=81, padding=1), seed=81)
-    bt_buf = torch.zeros_like(batch.block_table)
-    sl_buf = torch.zeros_like(batch.seq_lens)
-    wrapper = ni.DecodeIndexerWrapper(heads, block_table_buffer=bt_buf, seq_lens_buffer=sl_buf)
-    wrapper.plan(batch.block_table, batch.seq_lens, q_len)
-    q_buf = random_q(b * q_len, heads, seed=82)
-    out = selection_out(b * q_len, heads, device=DEV)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        wrapper.run(q_buf, batch.cache, out)
-    for step in range(3):
-        lens = realistic_lens(b, 30000, q_len, seed=83 + step, padding=step)
-        lens = [min(s, int(batch.seq_lens[r])) if s else 0 for r, s in enumerate(lens)]
-        wrapper.plan(batch.block_table, torch.tensor(lens, dtype=torch.int32, device=DEV),
-                     q_len)
-        q_buf.copy_(random_q(b * q_len, heads, seed=84 + step))
-        graph.replay()
-        torch.cuda.synchronize()
-        qsl = decode_qsl(b, q_len)
-        exact, mag = ref.page_scores(q_buf, batch.cache, bt_buf, sl_buf, qsl,
-                                     with_magnitude=True)
-        check_selection(out, exact, mag, local_pages(sl_buf, qsl), wrapper._runner.error_bits)
 
 
 @pytest.mark.gpu

@@ -1,26 +1,25 @@
-"""GPU lab for the Triton decode kernel's dequantization paths and tuning knobs.
+"""GPU lab for the Triton decode kernels: every dequant mode and tuning knob of ``DecodeConfig``.
 
-Run (one H200, about 2-4 minutes)::
+Run (one H100 / H200, about 2-4 minutes)::
 
-    python -m benchmarks.labs.dequant_lab            # everything
+    python -m benchmarks.labs.dequant_lab            # every variant
     python -m benchmarks.labs.dequant_lab --quick    # fewer variants, two cases
+    python -m benchmarks.labs.dequant_lab --variants base,mma,wgf --cases 8:100000
 
+A variant is a set of ``DecodeConfig`` fields (``VARIANTS``); "base" is the default dispatch.
 Steps (progress is printed and flushed as it goes; a compact table comes last):
 
-1. Operands: ``ptx.nvfp4_dequant_ptx`` in modes "ptx" / "ptx_arith" on two pages that
-   hold all 16 x 256 (code, scale byte) pairs in every nibble position, against the reference
-   dequant_e4m3 table (SPEC 1.4), bit for bit (NaN positions exactly).
-2. Decode correctness on a small adversarial batch (B=8, Q=8, H=4; pages with NaN scale
-   bytes 0x7F/0xFF, negative, maximal 0x7E and subnormal scales, random codes): every variant
+1. Correctness on a small adversarial batch (B=8, Q=8, H=4; pages with NaN scale bytes
+   0x7F/0xFF, negative, maximal 0x7E and subnormal scales, random codes): every variant
    against the default path (rows identical) and against the exact reference scores
-   (SPEC 9 tie-aware, b = 15).
-3. Timing: decode variants on b128 x 100K, b8 x 100K, b32 x 10K, b1 x 32K, b8 x 4K and
-   b128 x 1K (Q=8, H=4), cold
-   cache (a page pool far larger than L2, block tables rotated across >= 2x L2 of traffic,
-   ``benchmarks.pool`` / ``timing``), CUDA-graph replays: us/call, GB/s of necessary traffic
-   (9216 B per history page + queries + outputs + block-table entries + seq lens,
-   ``workloads.decode_traffic``) and % of the device-to-device copy measured in this run.
-   Each variant's output on slot 0 is also compared with the default variant's.
+   (SPEC 9 tie-aware, at the runner's b); for the page-score modes the observed error bits
+   of the score kernel alone.
+2. Timing: decode variants on b128 x 100K, b8 x 100K, b32 x 10K, b1 x 32K, b8 x 4K and
+   b128 x 1K (Q=8, H=4), cold cache (a page pool far larger than L2, block tables rotated
+   across >= 2x L2 of traffic, ``benchmarks.pool`` / ``timing``), CUDA-graph replays: us/call,
+   GB/s of necessary traffic (``workloads.decode_traffic``) and % of the device-to-device copy
+   measured in this run. A variant whose plan equals an earlier one's on a case is not timed
+   again.
 A variant that fails (compile error, wrong result) is reported and the lab goes on.
 """
 
@@ -41,9 +40,7 @@ def log(msg: str) -> None:
 
 
 # Variants: name -> DecodeConfig fields (``profile_case.config_of``: dataclasses.replace on
-# the default config). "base" is the current default path; a variant whose launch equals an
-# earlier one's on a case (the defaults pick the same dequant / splits / window there) is
-# reported as such and not timed again (docs/benchmarks.md records what each knob did).
+# the default config).
 VARIANTS = {
     "base": {},
     "ptx": {"dequant": "ptx"},
@@ -59,58 +56,20 @@ VARIANTS = {
     "wg pps64": {"dequant": "wgmma", "programs_per_sm": 64},
     "mma": {"dequant": "mma"},
     "mma reg144": {"dequant": "mma", "maxnreg": 144},
-    "mma reg128": {"dequant": "mma", "maxnreg": 128},
-    "mma pps32": {"dequant": "mma", "programs_per_sm": 32},
-    "mma pps36": {"dequant": "mma", "programs_per_sm": 36},
-    "mma pps64": {"dequant": "mma", "programs_per_sm": 64},
     "mma pps11": {"dequant": "mma", "programs_per_sm": 11},
     "mma pps24": {"dequant": "mma", "programs_per_sm": 24},
     "mma ns256": {"dequant": "mma", "num_splits": 256},
-    # speed of light of the mma scorer (``mma_scorer`` LAB; 2 and 3 give wrong scores and
-    # are timed only): 1 two independent K-half MMA chains, 2 no lookup, 3 no MMA
-    "mma narrow": {"dequant": "mma", "_narrow_select": True},  # one-warp select for any B
-    "mma lab1": {"dequant": "mma", "_lab": 1},
-    "mma lab2": {"dequant": "mma", "_lab": 2},
-    "mma lab3": {"dequant": "mma", "_lab": 3},
-    # the page-per-warp wgmma scorer (``wgflat_scorer``): ring slots, async low half, residency
+    "mma s2": {"dequant": "mma", "ring_stages": 2},
+    "mma s8": {"dequant": "mma", "ring_stages": 8},
     "wgf": {"dequant": "wgflat"},
-    "wgf sync": {"dequant": "wgflat", "_wgf_async": 0},
-    "wgf sync r96": {"dequant": "wgflat", "_wgf_async": 0, "maxnreg": 96, "programs_per_sm": 5},
-    "wgf s8": {"dequant": "wgflat", "_wgf_stages": 8},
+    "wgf s8": {"dequant": "wgflat", "ring_stages": 8},
     "wgf pps3": {"dequant": "wgflat", "programs_per_sm": 3},
-    "wgf pps4": {"dequant": "wgflat", "programs_per_sm": 4},
     "wgf pps5": {"dequant": "wgflat", "programs_per_sm": 5},
-    "wgf pps6": {"dequant": "wgflat", "programs_per_sm": 6},
-    "wgf pps8": {"dequant": "wgflat", "programs_per_sm": 8},
-    "wgf lab2": {"dequant": "wgflat", "_lab": 2},  # no lookup (wrong scores)
-    "wgf lab3": {"dequant": "wgflat", "_lab": 3},  # no MMA (wrong scores)
+    "wgf pps5 r96": {"dequant": "wgflat", "programs_per_sm": 5, "maxnreg": 96},
     # the same scorer with E4M3 operands (dot "fp8": ``lut.LUT_E4M3_ASM``, fp8 wgmma, b = 5)
     "wgf8": {"dequant": "wgflat", "dot": "fp8"},
     "wgf8 pps5": {"dequant": "wgflat", "dot": "fp8", "programs_per_sm": 5},
-    "wgf8 pps6 r80": {"dequant": "wgflat", "dot": "fp8", "programs_per_sm": 6, "maxnreg": 80},
-    "wgf8 s8": {"dequant": "wgflat", "dot": "fp8", "_wgf_stages": 8},
-    "wgf8 a1": {"dequant": "wgflat", "dot": "fp8", "_wgf_async": 1},  # async low half
-    "wgf8 lab2": {"dequant": "wgflat", "dot": "fp8", "_lab": 2},
-    "wgf8 lab3": {"dequant": "wgflat", "dot": "fp8", "_lab": 3},
-    # the select kernel (``decode_wgmma.select_launch``): the Gluon redux select up to a
-    # width (0: the split form from W 1, "oldsel" also without it: the Triton selects), its
-    # rows per program, the int64 wide select for any row count
-    "mma oldsel": {"dequant": "mma", "_redux_width": 0, "_split_width": 0},
-    "mma widesel": {"dequant": "mma", "_redux_width": 0, "_split_width": 0,
-                    "_wide_rows": 1 << 30},
-    "mma rx512": {"dequant": "mma", "_redux_width": 512},
-    "mma rx1024": {"dequant": "mma", "_redux_width": 1024},
-    "mma rxr1": {"dequant": "mma", "_redux_rows": 1},
-    "mma rxr8": {"dequant": "mma", "_redux_rows": 8},
-    "wgf oldsel": {"dequant": "wgflat", "_redux_width": 0, "_split_width": 0},
-    # the split redux select (S warps per row) for W > 512 on the default path: off (the
-    # Triton selects); 8 keys per lane (S = 4 up to W 1024, then 8); only up to 512 rows
-    # (session 13's rule); at any row count
-    "nosplit": {"_split_width": 0},
-    "split8": {"_split_keys": 8},
-    "split512": {"_split_rows": 512},
-    "splitall": {"_split_rows": 1 << 30},
-    "ptx oldmerge": {"dequant": "ptx", "_redux_merge": 0},  # the Triton merge kernel
+    "wgf8 s8": {"dequant": "wgflat", "dot": "fp8", "ring_stages": 8},
     "pps2": {"programs_per_sm": 2},
     "pps4": {"programs_per_sm": 4},
     "pps8": {"programs_per_sm": 8},
@@ -118,145 +77,24 @@ VARIANTS = {
     "ns64": {"num_splits": 64},
     "ns250": {"num_splits": 250},
 }
-SELECT_KNOBS = {"_redux_width": ("decode_wgmma", "SELECT_REDUX_MAX_WIDTH"),
-                "_redux_rows": ("redux_select", "ROWS_PER_PROGRAM"),
-                "_wide_rows": ("decode_wgmma", "SELECT_WIDE_MAX_ROWS"),
-                "_split_width": ("decode_wgmma", "SELECT_SPLIT_MAX_WIDTH"),
-                "_split_keys": ("decode_wgmma", "SELECT_SPLIT_KEYS"),
-                "_split_rows": ("decode_wgmma", "SELECT_SPLIT_MAX_ROWS"),
-                "_redux_merge": ("decode", "REDUX_MERGE_MAX_CANDIDATES")}
 QUICK_VARIANTS = ("base", "ptx", "wg", "pps8")
-SOL_LABS = (2, 3)  # LAB variants whose scores are wrong by design: timed, not checked
 
 
 def make_runner(b, width, dev, kw):
-    """A ``DecodeRunner`` for variant knobs ``kw`` (``_lab``: ``decode_wgmma.MMA_LAB``;
-    ``_narrow_select``: no wide select; ``_wgf_stages`` / ``_wgf_async``: the wgflat scorer's
-    ring slots / ASYNC, ``decode_wgmma.WGFLAT_LAB_*``; ``SELECT_KNOBS``: select / merge rule
-    constants; all only while its launches are built)."""
-    from nvfp4_indexer.triton import decode_wgmma
+    """A ``DecodeRunner`` of B = ``b`` requests, block tables ``width`` wide, for the
+    ``DecodeConfig`` fields ``kw``."""
     from nvfp4_indexer.triton.decode import DecodeRunner
 
     from .profile_case import config_of
-    kw = dict(kw)
-    lab = kw.pop("_lab", 0)
-    narrow = kw.pop("_narrow_select", False)
-    wgf = (kw.pop("_wgf_stages", None), kw.pop("_wgf_async", None))
-    # select / merge rule knobs: module constants while the runner is built
-    from nvfp4_indexer.triton import decode as decode_mod
-    from nvfp4_indexer.triton import redux_select
-    mods = {"decode_wgmma": decode_wgmma, "decode": decode_mod, "redux_select": redux_select}
-    sel = {SELECT_KNOBS[knob]: kw.pop(knob) for knob in list(kw) if knob in SELECT_KNOBS}
-    if narrow:  # no multi-warp select: neither the wide select nor the split redux select
-        sel[("decode_wgmma", "SELECT_WIDE_MAX_ROWS")] = 0
-        sel[("decode_wgmma", "SELECT_SPLIT_MAX_ROWS")] = 0
-    saved = {key: getattr(mods[key[0]], key[1]) for key in sel}
-    decode_wgmma.WGFLAT_LAB_STAGES, decode_wgmma.WGFLAT_LAB_ASYNC = wgf
-    decode_wgmma.MMA_LAB = lab
-    for (mod, name), val in sel.items():
-        setattr(mods[mod], name, val)
-    try:
-        runner = DecodeRunner(HEADS, b, width, Q_LEN, dev, config=config_of("decode", kw))
-    finally:
-        decode_wgmma.MMA_LAB = 0
-        for (mod, name), val in saved.items():
-            setattr(mods[mod], name, val)
-        decode_wgmma.WGFLAT_LAB_STAGES = decode_wgmma.WGFLAT_LAB_ASYNC = None
-    runner.lab = (lab, narrow, wgf, tuple(sorted(sel.items())))
-    return runner
+    return DecodeRunner(HEADS, b, width, Q_LEN, dev, config=config_of("decode", kw))
+
+
 CASES = [(128, 100_000), (8, 100_000), (32, 10_000), (1, 32_000), (8, 4_000),
          (128, 1_000)]  # (batch, nominal len)
 Q_LEN, HEADS = 8, 4
 
 
-# ----------------------------------------------------------------------------- 1. operands
-
-def operand_kernel():
-    """A Triton kernel: page ``pid``'s keys through ``ptx.nvfp4_dequant_ptx`` exactly as
-    the decode kernel calls it (uint16 code pairs, fp16 group scales), stored fp16 [128, 128].
-    Defined on call (it needs the GPU backend)."""
-    import triton
-    import triton.language as tl
-
-    from nvfp4_indexer.triton import ptx
-
-    @triton.jit
-    def kernel(cache_ptr, out_ptr, DEQUANT: tl.constexpr):
-        pid = tl.program_id(0)
-        page = cache_ptr + pid * 9216
-        t = tl.arange(0, 128)[:, None]
-        codes = tl.load((page + t * 64).to(tl.pointer_type(tl.uint16), bitcast=True)
-                        + tl.arange(0, 32)[None, :])
-        sb = tl.load(page + 8192 + t * 8 + tl.arange(0, 8)[None, :])
-        s8 = sb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (128, 8, 4)), (128, 32))
-        k0, k1, k2, k3 = ptx.nvfp4_dequant_ptx(codes, s, DEQUANT)
-        base = out_ptr + pid * 128 * 128 + t * 128 + 4 * tl.arange(0, 32)[None, :]
-        tl.store(base, k0)
-        tl.store(base + 1, k1)
-        tl.store(base + 2, k2)
-        tl.store(base + 3, k3)
-
-    return kernel
-
-
-def pair_page_cache() -> torch.Tensor:
-    """Two pages (CPU cache) holding all 16 x 256 (code, scale byte) pairs in both nibbles of
-    every code byte position class."""
-    from nvfp4_indexer import reference as ref
-    cache = ref.new_index_cache(2, device="cpu")
-    raw = cache.view(2, 9216)
-    group = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)
-    raw[0, :8192] = group.repeat(1024)
-    raw[1, :8192] = ((group << 4) | (group >> 4)).repeat(1024)
-    scales = torch.arange(1024) % 256
-    raw[0, 8192:] = scales.to(torch.uint8)
-    raw[1, 8192:] = ((scales * 37 + 11) % 256).to(torch.uint8)
-    return cache
-
-
-def check_operands(dev) -> list[tuple[str, str]]:
-    """All 16 x 256 (code, scale byte) pairs through each ptx mode vs the reference."""
-    from nvfp4_indexer import reference as ref
-    cache = pair_page_cache()
-    want = ref.decode_e4m3(ref.dequantize_nvfp4(*ref.read_blocks(cache, torch.arange(2))))
-    rows = []
-    try:
-        kernel = operand_kernel()
-    except Exception as e:  # noqa: BLE001
-        return [("operands", f"ERROR defining kernel: {type(e).__name__}: {e}")]
-    try:
-        from nvfp4_indexer.triton import lut
-        codes, scales = lut.exhaustive_groups()
-        got = lut.lut_asm_dequant(codes.to(dev), scales.to(dev)).cpu()
-        want16 = lut.reference_f16_bits(codes, scales)
-        nan = want16 == 0x7E00
-        gnan = ((got & 0x7C00) == 0x7C00) & ((got & 0x3FF) != 0)
-        bad = int((got[~nan] != want16[~nan]).sum())
-        verdict = "bit-exact" if bad == 0 and torch.equal(nan, gnan) else \
-            f"FAIL ({bad} mismatches, NaN positions {'ok' if torch.equal(nan, gnan) else 'differ'})"
-    except Exception as e:  # noqa: BLE001
-        verdict = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    rows.append(("operands lut asm (16x256 pairs x 16 positions)", verdict))
-    log(f"operands lut asm: {verdict}")
-    for mode in ("ptx", "ptx_arith"):
-        try:
-            got = torch.full((2, 128, 128), -7.0, dtype=torch.float16, device=dev)
-            kernel[(2,)](cache.to(dev), got, DEQUANT=mode)
-            got = got.float().cpu()
-            nan_ok = torch.equal(torch.isnan(got), torch.isnan(want))
-            keep = ~torch.isnan(want) & ~torch.isnan(got)
-            bad = int((got[keep].view(torch.int32) != want[keep].view(torch.int32)).sum())
-            verdict = "bit-exact" if nan_ok and bad == 0 else \
-                f"FAIL ({bad} mismatches, NaN positions {'ok' if nan_ok else 'differ'})"
-        except Exception as e:  # noqa: BLE001
-            verdict = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        rows.append((f"operands {mode} (16x256 pairs x 8 positions)", verdict))
-        log(f"operands {mode}: {verdict}")
-    return rows
-
-
-# ------------------------------------------------------------------- 2. decode correctness
+# ------------------------------------------------------------------- 1. decode correctness
 
 ADVERSARIAL_LENS = (20_000, 0, 129, 2050, 16_500, 12_345, 2_300, 19_999)
 
@@ -311,9 +149,6 @@ def check_decode(dev, variants, lens=ADVERSARIAL_LENS) -> list[tuple[str, str]]:
     for name, kw in variants.items():
         try:
             out = torch.full((b * Q_LEN, HEADS, 16), -7, dtype=torch.int32, device=dev)
-            if kw.get("_lab", 0) in SOL_LABS:
-                rows.append((f"decode adversarial {name}", "ok: not checked (speed of light)"))
-                continue
             runner = make_runner(b, bt.shape[1], dev, kw)
             runner.run(q, cache, bt, seq, out)
             if dev.type == "cuda":
@@ -340,11 +175,11 @@ def score_error_bits(runner, q, cache, bt, seq, exact, mag) -> str:
     """The page-score kernel alone on a batch: the largest |score - exact| of a scored page
     as -log2 of its fraction of the row's magnitude (SPEC 9's e = 2^-b * mag: the observed b),
     and how many scored scores are bit-equal to the exact fp32 ones."""
-    from nvfp4_indexer.triton import decode_wgmma
+    from nvfp4_indexer.triton.decode.page_scores import PageScoreLaunch
     b, w = bt.shape
     n = runner.block_m
-    scores = torch.full((decode_wgmma.scratch_elems(b, w, n),), float("nan"), device=q.device)
-    runner._page_score.run_score(q, cache, bt, seq, scores, num_blocks=cache.shape[0])
+    scores = torch.full((runner.plan.win_elems,), float("nan"), device=q.device)
+    PageScoreLaunch(runner.plan).run_score(q, cache, bt, seq, scores, num_blocks=cache.shape[0])
     torch.cuda.synchronize(q.device)
     got = scores.view(b, n, w)[:, :Q_LEN * HEADS].reshape(b, Q_LEN, HEADS, w) \
         .reshape(b * Q_LEN, HEADS, w).double()
@@ -360,7 +195,7 @@ def score_error_bits(runner, q, cache, bt, seq, exact, mag) -> str:
     return f"observed b {bits:.1f} (worst |err| / mag {worst:.2e}), scores == exact {equal:.3f}"
 
 
-# -------------------------------------------------------------------------------- 3. timing
+# -------------------------------------------------------------------------------- 2. timing
 
 def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[dict]:
     from benchmarks import workloads as wl
@@ -400,9 +235,7 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
                 # page-score modes: the flat grid's programs (P); else splits per request
                 flat = runner.dequant in ("mma", "wgflat", "lut")
                 rec["splits"] = f"P{runner.programs}" if flat else runner.num_splits
-                launch = (runner.dequant, runner.dot, runner.num_splits, runner.window,
-                          runner.num_warps, runner.num_stages, runner.maxnreg, runner.pdl,
-                          runner.programs if flat else None, runner.lab)
+                launch = repr(runner.plan)  # the kernels and every launch parameter
                 if launch in launches:
                     rec["error"] = f"same launch as {launches[launch]}: not timed again"
                     recs.append(rec)
@@ -472,8 +305,7 @@ def main(argv=None) -> int:
             ap.error(f"--cases: expected BATCH:NOMINAL,..., got {args.cases!r}")
     copy = copy_ceiling(dev)["gbps"]
     log(f"device copy: {copy:.0f} GB/s")
-    checks = check_operands(dev)
-    checks += check_decode(dev, variants)
+    checks = check_decode(dev, variants)
     recs = run_timing(dev, variants, cases, args.budget_s, args.graph_calls)
 
     print("\n== correctness ==", flush=True)

@@ -2,7 +2,7 @@
 ``forward`` host time).
 
 Calls are queued behind a sleeping kernel, so the GPU never waits and ``perf_counter`` over
-``n`` calls measures host work only (as ``launch_hostcost``). Prints microseconds per call of:
+``n`` calls measures host work only. Prints microseconds per call of:
 
 - the decode metadata copy of a decode-only ``plan`` (B x W block table + seq lens,
   ``torch._foreach_copy_``), and the same bytes through a small Triton copy kernel launched

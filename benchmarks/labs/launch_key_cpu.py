@@ -1,4 +1,4 @@
-"""CPU lab: host time of CachedLaunch's key and direct launch (issue 14), against a revision.
+"""CPU lab: host time of CachedLaunch's key and direct launch, against a revision.
 
 The current ``nvfp4_indexer/triton/launcher.py`` against the one at a git revision (``--against``).
 
@@ -40,7 +40,7 @@ from triton import knobs
 from nvfp4_indexer.triton import launcher as current
 
 ROOT = Path(__file__).resolve().parents[2]
-BEFORE = "5dc0100"  # the launcher before the typed key (issue 14)
+BEFORE = "5dc0100"  # the launcher before the typed key
 
 
 @triton.jit

@@ -33,7 +33,7 @@ import triton.language as tl
 
 import nvfp4_indexer as ni
 from nvfp4_indexer.constants import TOPK
-from nvfp4_indexer.triton.lut import lut_table
+from nvfp4_indexer.triton.decode.lut import lut_table
 from nvfp4_indexer.triton import PrefillConfig
 from nvfp4_indexer.triton import prefill as tp
 from nvfp4_indexer.triton import heuristics as hz

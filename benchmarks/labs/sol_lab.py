@@ -1,4 +1,4 @@
-"""GPU lab (issue 15): speed-of-light variants of the gather and the insert at the suites' sizes.
+"""GPU lab: speed-of-light variants of the gather and the insert at the suites' sizes.
 
 Run (one H200, about a minute)::
 

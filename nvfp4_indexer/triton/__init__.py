@@ -11,8 +11,8 @@ used; every launcher is imported here explicitly, so grep and IDEs see who calls
 - ``query``: fused RMSNorm + RoPE + E4M3 encode of index queries, ``prepare_index_q`` (SPEC 3).
 - ``gather``: history pages -> FP8 workspace, ``gather_index_k_fp8`` / ``gather_into`` (SPEC 7).
 - ``scores``: ``page_scores`` (SPEC 4).
-- ``decode``: ``DecodeRunner`` / ``decode_indexer`` (SPEC 5, 6); ``decode_wgmma`` its
-  page-score modes; ``context_parallel``: ``ContextParallelRunner`` (SPEC 8.2).
+- ``decode``: ``DecodeRunner`` / ``decode_indexer`` (SPEC 5, 6), ``ContextParallelRunner``
+  (SPEC 8.2), their kernels and ``decode.dispatch``, the rule that picks them.
 - ``prefill``: ``prefill_indexer`` (SPEC 5, 7).
 - ``config``: the launchers' tuning configs (``DecodeConfig``, ``PrefillConfig``,
   ``GatherConfig``, ``InsertConfig``); ``heuristics``: the host rules that pick launch
@@ -31,8 +31,7 @@ _patch_interpreter()  # numpy >= 2.4 under TRITON_INTERPRET=1 (see _interpreter_
 # ruff: noqa: E402  (the interpreter patch must run before the kernels are decorated)
 from . import heuristics
 from .config import DecodeConfig, GatherConfig, InsertConfig, PrefillConfig
-from .context_parallel import ContextParallelRunner
-from .decode import DecodeRunner, decode_indexer, score_buffer_size
+from .decode import ContextParallelRunner, DecodeRunner, decode_indexer, score_buffer_size
 from .dequantize import dequantize_nvfp4
 from .encode import encode_e4m3
 from .gather import gather_index_k_fp8, gather_into

@@ -1,8 +1,8 @@
 """Tuning configs of the Triton launchers: frozen dataclasses, validated once at construction.
 
 A launcher takes ``config=`` (None = the defaults); labs and tests build variants with
-``dataclasses.replace(DecodeConfig(), window=1)``. A field left ``None`` is picked by
-``heuristics`` for the launch's static shape and device. Fields are checked here for type and
+``dataclasses.replace(DecodeConfig(), window=1)``. A field left ``None`` is picked for the
+launch's static shape and device (``decode.dispatch``, ``heuristics``). Fields are checked here for type and
 range (SPEC 10, 11: Python or numpy integers, never bool; a clear ``ValueError`` naming the
 field); what depends on the device or the shape (a ptx mode off CUDA, ``window * BLOCK_M``) is
 checked by the launcher before it writes anything. No field changes a result: every setting
@@ -19,11 +19,12 @@ from .ptx import DEQUANT_MODES as KERNEL_DEQUANT_MODES  # the one-launch score k
 from .dot_modes import DOT_MODES
 
 # Mode names (the kernels' DEQUANT constexprs).
-# decode_wgmma: page scores to a scratch, then select
+# the page-score family (``decode.page_scores``): page scores to a scratch, then select
 PAGE_SCORE_MODES = ("wgmma", "mma", "wgflat", "lut")
 DECODE_DEQUANT_MODES = KERNEL_DEQUANT_MODES + PAGE_SCORE_MODES
 GATHER_DEQUANT_MODES = ("triton", "ptx")
 POW2_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
+RING_STAGES = (2, 4, 8)  # cp.async ring slots of "mma" / "wgflat": divide a page's 8 chunks
 
 
 def _choice(name: str, value, choices) -> None:
@@ -53,29 +54,31 @@ class _Config:
 @dataclass(frozen=True)
 class DecodeConfig(_Config):
     """Tuning of ``decode.DecodeRunner`` / ``decode_indexer`` (SPEC 6) and, where the fields
-    apply, ``context_parallel.ContextParallelRunner``.
+    apply, ``decode.ContextParallelRunner``; ``decode.dispatch.plan_decode`` turns it into the
+    launches.
 
     Fields:
         dot: dot mode, one of ``DOT_MODES`` (default "fp16" on a GPU, "fp32" under the
             interpreter; "bf16" for comparison; "fp8": E4M3 operands on SM90's FP8 tensor cores
-            where ``heuristics.choose_dequant`` picks "wgflat" for them, the exact kernels
-            elsewhere (``fp8_kernel_dot``; SPEC 9 b = 5, the public ``allow_fp8_mma``); see
-            ``decode.SCORE_ERROR_BITS``).
-        dequant: one of ``DECODE_DEQUANT_MODES`` (default ``heuristics.choose_dequant``):
+            where ``dispatch.choose_dequant`` picks "wgflat" for them, the exact kernels
+            elsewhere (``dispatch.fp8_kernel_dot``; SPEC 9 b = 5, the public
+            ``allow_fp8_mma``); see ``dot_modes.SCORE_ERROR_BITS``).
+        dequant: one of ``DECODE_DEQUANT_MODES`` (default ``dispatch.choose_dequant``):
             "mma" (one warp per program, CUDA SM89+, dot fp16) / "wgflat" (one page per
             warp of a wgmma warpgroup, SM90, dot fp16, or fp8: E4M3 operands) / "wgmma"
             (SM90, dot fp16) /
-            "lut" (their plain-Triton twin, dot fp32) score pages to a scratch then select
-            (``decode_wgmma``); "triton" / "ptx" (SM89+) / "ptx_arith" (SM90+) run the
-            one-launch kernel (ptx modes: CUDA and dot fp16).
+            "lut" (their plain-Triton twin, dot fp32; the interpreter runs it) score pages
+            to a scratch then select (``decode.page_scores``); "triton" / "ptx" (SM89+) /
+            "ptx_arith" (SM90+: dequantization without conversion instructions) run the
+            one-launch kernel (``decode.split_kernel``; ptx modes: CUDA and dot fp16).
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
-            ``heuristics.choose_num_splits``); for "mma" / "wgflat" / "lut", whose grid is flat
-            (``decode_wgmma.flat_partition``), it sets the grid to ``B * num_splits``
+            ``dispatch.choose_num_splits``); for "mma" / "wgflat" / "lut", whose grid is flat
+            (``page_scores.flat_partition``), it sets the grid to ``B * num_splits``
             programs.
         window: pages scored between two top-k merges, a power of two with
             ``window * BLOCK_M <= 4096`` (at most 256 here, BLOCK_M being >= 16; the
             launch's BLOCK_M is checked by the runner; default
-            ``heuristics.decode_window``); 1 inserts each page's candidate at once.
+            ``dispatch.decode_window``); 1 inserts each page's candidate at once.
         num_warps: score-kernel warps, one of 1, 2, 4, 8, 16. num_stages: its pipeline
             stages, >= 1.
         programs_per_sm: split target (default ``PROGRAMS_PER_SM``; ``WGMMA_PROGRAMS_PER_SM``
@@ -91,7 +94,10 @@ class DecodeConfig(_Config):
             rows (and W - 1 >= ``MMA_MIN_WIDTH``; "wgflat" at 32 rows from
             ``max(page_score_min_pages, WGFLAT_MIN_PAGES)``),
             "wgmma" above (default ``MMA_MIN_PAGES`` / ``WGMMA_MIN_PAGES``;
-            ``heuristics.choose_dequant``), >= 0.
+            ``dispatch.choose_dequant``), >= 0.
+        ring_stages: chunk slots of the cp.async ring of "mma" / "wgflat" (``STAGES - 1``
+            chunks of 16 tokens in flight), one of ``RING_STAGES`` (2, 4, 8; default
+            ``MMA_STAGES`` / ``WGFLAT_STAGES``, 4); the other modes ignore it.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
@@ -106,6 +112,7 @@ class DecodeConfig(_Config):
     maxnreg: int | None = None
     pdl: bool = False
     page_score_min_pages: int | None = None
+    ring_stages: int | None = None
 
     def __post_init__(self):
         _choice("dot", self.dot, DOT_MODES)
@@ -114,7 +121,8 @@ class DecodeConfig(_Config):
               num_warps=dict(choices=(1, 2, 4, 8, 16)), num_stages=dict(lo=1),
               programs_per_sm=dict(lo=1, optional=True),
               maxnreg=dict(lo=24, hi=255, optional=True),
-              page_score_min_pages=dict(lo=0, optional=True))
+              page_score_min_pages=dict(lo=0, optional=True),
+              ring_stages=dict(choices=RING_STAGES, optional=True))
         if self.window is not None:  # BLOCK_M >= MIN_BLOCK_M: the runner checks the rest
             w = self.window
             if not is_int(w) or w < 1 or int(w) & (int(w) - 1) \

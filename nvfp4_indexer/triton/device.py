@@ -2,7 +2,8 @@
 
 ``interpreting`` (Triton's CPU interpreter is on), ``portable_default`` (the ``PORTABLE``
 constexpr a launch passes), ``device_guard`` (make a device current for a launch),
-``num_sms``, and the Gluon probes ``wgmma_available`` (SM90) / ``mma_available`` (SM89+).
+``num_sms``, ``capability`` (what a dispatch rule takes: None for a portable device), and the
+Gluon probes ``gluon_available``, ``wgmma_available`` (SM90) / ``mma_available`` (SM89+).
 Pure host functions of the device; none reads tensor values.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 
 import torch
@@ -59,10 +61,23 @@ def num_sms(device=None) -> int:
     return torch.cuda.get_device_properties(idx).multi_processor_count
 
 
+def capability(device) -> tuple[int, int] | None:
+    """The compute capability ``(major, minor)`` of a CUDA ``device``, or None where launches
+    are portable (``portable_default``: the interpreter, or off CUDA)."""
+    if portable_default(device):
+        return None
+    return tuple(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def gluon_available() -> bool:
+    """True when ``triton.experimental.gluon`` imports (the Gluon kernels can be built)."""
+    return _gluon_importable()
+
+
 @functools.lru_cache(maxsize=None)
 def _gluon_importable() -> bool:
     try:
-        import triton.experimental.gluon  # noqa: F401  (the probe: an ImportError says no Gluon)
+        importlib.import_module("triton.experimental.gluon")  # ImportError: no Gluon
     except ImportError:
         return False
     return True

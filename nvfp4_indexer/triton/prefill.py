@@ -279,12 +279,12 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
                 seq_lens, blocks, nb, cand, scratch, out)
         with device_guard(dev):
             if from_cache:
-                from .decode_wgmma import _device_table
+                from .decode.lut import device_table
                 from .prefill_wgmma import launch_options, prefill_wgmma_direct_kernel
                 bt = block_table[a:b]  # rows of requests a..b-1: the kernel reads r - a
                 prefill_wgmma_direct_kernel[(nb, ns)](
                     q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), cache.shape[0], bt,
-                    bt.stride(0), _device_table(dev), a, cu_seqlens_q, seq_lens, seq_lens,
+                    bt.stride(0), device_table(dev), a, cu_seqlens_q, seq_lens, seq_lens,
                     blocks, nb, cand, out, H=h, BLOCK_M=block_m, NUM_SPLITS=ns, **launch_options())
             elif launch["kernel"] == "wgmma":
                 from .prefill_wgmma import launch_options, prefill_wgmma_kernel

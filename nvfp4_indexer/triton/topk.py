@@ -13,7 +13,7 @@ selection order of SPEC 5, so a selection step is one ``tl.max``:
 slot); it sorts below every real candidate, NaN pages included (their low half is never 0).
 
 Scorers keep a running top-KEEP list per query row in registers, KEEP = min(16, next power of
-two >= the pages a split can score) (``heuristics.keep_per_split``): a split with at most
+two >= the pages a split can score) (``heuristics.keep_for_pages``): a split with at most
 KEEP pages keeps all of them, and 16 >= 15 history slots otherwise, so the 15 best pages of a
 row are always among the union of the per-split lists. A list is updated per page
 (``topk_insert``) or, for long splits, once per window of buffered page scores
@@ -27,7 +27,7 @@ Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, KEEP]``
 candidates contiguous), written completely by every split program, so no initialization is
 needed between runs (CUDA-graph replays). Merge kernels take one row per program, or
 several for the prefill merge's bitonic top-16 (``merge_config``). The host rules
-``keep_per_split``, ``choose_window`` and ``merge_config`` live in ``heuristics``.
+``keep_for_pages``, ``choose_window`` and ``merge_config`` live in ``heuristics``.
 """
 
 from __future__ import annotations

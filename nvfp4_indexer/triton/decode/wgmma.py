@@ -1,28 +1,48 @@
-"""Gluon score kernel of the wgmma decode path (``decode_wgmma``, SPEC 4; CUDA SM90 only).
+"""Gluon score kernel of the page-score decode family, dequant "wgmma" (SPEC 4; CUDA SM90
+only; the default at 64 query rows for large batches).
 
 Program (b, split) of grid ``(B, NUM_SPLITS)``: the query rows of request b as fp16 in shared
-memory (the wgmma B operand, dims in ``decode_wgmma.phys_dim`` order, two K=64 halves), then per
+memory (the wgmma B operand, dims in ``fragments.phys_dim`` order, two K=64 halves), then per
 history page of its split: the page's code and scale bytes loaded straight into the layout
 ``CL`` whose lane and warp bases are those of the wgmma A operand (each thread loads the 16-byte
 code runs of its own fragment; the next page is loaded before the current one is used), per
 K=64 half (groups 2j + g' of one g'): ``lut.LUT_ASM`` dequantization, a trivial
 (register-renaming) conversion to the A operand layout and one ``warpgroup_mma
 [128, 64] x [64, N]`` (halves keep fewer registers live: 120 instead of 142 at N = 32), then the
-max over tokens, stored to ``scores[b, n, j]``. Layouts come from ``decode_wgmma.gluon_layouts``.
+max over tokens, stored to ``scores[b, n, j]``. Layouts: ``layouts``.
 """
 
 from __future__ import annotations
+
+import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .layout import HISTORY, PAGE, SCALES_OFFSET
-from .lut import LUT_ASM, LUT_CONSTRAINTS
+from ..layout import HISTORY, PAGE, SCALES_OFFSET
+from .fragments import dequant_half, group_offsets, half_operands, load_q
 
-_ASM = gl.constexpr(LUT_ASM)
-_CONSTRAINTS = gl.constexpr(LUT_CONSTRAINTS)
-_SPLIT_ASM = gl.constexpr("mov.b32 $0, $1;")  # f16x2 word -> its two halves
+
+@functools.lru_cache(maxsize=None)
+def layouts(rows: int, num_warps: int = 4):
+    """Constexpr layouts of the Gluon kernel for N = ``rows`` query rows and 4 warps:
+    ``(CL, MMA, QL, B_SL)`` -- the code-load layout whose lane / warp bases are those of the
+    wgmma A operand, the MMA accumulator, the query load and the query's shared layout
+    (cached: building them costs ~0.1 ms of host time)."""
+    if num_warps != 4:
+        raise ValueError(f"num_warps: the wgmma scorer runs one warpgroup (4), got {num_warps}")
+    from triton.experimental.gluon import language as gl
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0], [64, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[128, 4, 2])
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                    instr_shape=[16, rows, 16])
+    ql = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    b_sl = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * rows), element_bitwidth=16,
+                                rank=2)
+    return cl, mma, ql, b_sl
 
 
 @gluon.jit
@@ -37,22 +57,6 @@ def _load_page(cache64, cache8, bt_row, j, num_blocks, page_stride16, off64, sc_
 
 
 @gluon.jit
-def _load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, Q: gl.constexpr,
-            H: gl.constexpr, N: gl.constexpr, QL: gl.constexpr):
-    """Query^T columns C0 .. C0+63 of request b as fp16 (exact) ``[64, N]``: column c holds
-    dim ``phys_dim(c)`` of row n = i*H + h (rows >= Q*H are zero)."""
-    c = C0 + gl.arange(0, 64, layout=gl.SliceLayout(1, QL))
-    dim = (32 * ((c >> 1) & 3) + 16 * ((c >> 6) & 1) + 8 * ((c >> 3) & 1)
-           + ((c >> 5) & 1) + 4 * ((c >> 4) & 1) + 2 * (c & 1))
-    n = gl.arange(0, N, layout=gl.SliceLayout(0, QL))
-    row = (b * Q + n // H).to(gl.int64)
-    q_off = row * q_row_stride + (n % H) * q_head_stride
-    ok = gl.expand_dims(n < Q * H, 0) & gl.expand_dims(dim >= 0, 1)
-    qb = gl.load(q_ptr + gl.expand_dims(q_off, 0) + gl.expand_dims(dim, 1), mask=ok, other=0)
-    return qb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-
-
-@gluon.jit
 def _split_pages(seq_lens_ptr, b, split, width, NUM_SPLITS: gl.constexpr):
     """``(start, end)``: pages of request b that program ``split`` scores (the Triton twins'
     ``scan.clamped_seq_len`` / ``scored_pages`` / ``split_range`` rule; SPEC 10 clamp)."""
@@ -62,38 +66,6 @@ def _split_pages(seq_lens_ptr, b, split, width, NUM_SPLITS: gl.constexpr):
     per = gl.cdiv(n_pages, NUM_SPLITS)
     start = split * per
     return start, gl.minimum(start + per, n_pages)
-
-
-@gluon.jit
-def _group_offsets(M: gl.constexpr, CL: gl.constexpr):
-    """``(tok * 8, grp)`` [M, 4, 2] in ``CL``: element (m, j, g') is group 2j + g' of token m;
-    ``tok * 8 + grp`` indexes its 8 code bytes as int64 and its scale byte past the codes."""
-    m = gl.arange(0, M, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))
-    jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))
-    gp = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
-    m8 = gl.expand_dims(gl.expand_dims(m, 1), 2) * 8
-    grp = gl.expand_dims(gl.expand_dims(jj, 0), 2) * 2 + gl.expand_dims(gl.expand_dims(gp, 0), 1)
-    return m8, grp
-
-
-@gluon.jit
-def _dequant_half(codes, s, row, A_L: gl.constexpr, M: gl.constexpr):
-    """fp16 A operand [M tokens, 64 columns] of one half page: the groups 2j + g' of one g'
-    (``codes`` int64 [M, 4], ``s`` their scale bytes as int32, ``row`` their table entries);
-    column c' = 32pl + 16ph + 8w + 2j + e holds dim ``phys_dim(64 g' + c')`` (output pair
-    p = 2ph + pl of word w, half e)."""
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        _ASM, _CONSTRAINTS, [codes, row, s],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True, pack=1)
-    x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
-                gl.join(gl.join(o4, o5), gl.join(o6, o7)))  # [m, j, pl, ph, w]
-    y = gl.join(x, x)
-    f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
-                                  pack=2)  # [m, j, pl, ph, w, e]
-    f = gl.permute(f, [0, 2, 3, 4, 1, 5])  # [m, pl, ph, w, j, e]
-    tile = gl.reshape(f, [M, 64])
-    return gl.convert_layout(tile, A_L, assert_trivial=True)  # register renaming only
 
 
 # no value specialization of these ints: the launcher's warmup compiles what real launches run
@@ -108,13 +80,13 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
     b = gl.program_id(0)
     start, end = _split_pages(seq_lens_ptr, b, gl.program_id(1), width, NUM_SPLITS)
     if start < end:
-        q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
+        q_lo = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, load_q(
             q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
-        q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, _load_q(
+        q_hi = gl.allocate_shared_memory(gl.float16, [64, N], B_SL, load_q(
             q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
         fence_async_shared()
 
-        m8, grp = _group_offsets(128, CL)  # a page's codes / scales in CL
+        m8, grp = group_offsets(128, CL)  # a page's codes / scales in CL
         off64 = m8 + grp
         sc_off = SCALES_OFFSET + m8 + grp
         cache64 = cache_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
@@ -135,21 +107,9 @@ def wgmma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_strid
 
 
 @gluon.jit
-def _half_operands(codes, sb, tbl_ptr):
-    """Both K halves' (codes, scale bytes as int32, table entries) of a tile of groups
-    ``[M, 4, 2]``; both halves' table entries (L1-resident 2 KB table) are loaded before the
-    first lookup."""
-    c_lo, c_hi = gl.split(codes)
-    s_lo, s_hi = gl.split(sb)
-    s_lo = s_lo.to(gl.int32)
-    s_hi = s_hi.to(gl.int32)
-    return c_lo, s_lo, gl.load(tbl_ptr + s_lo), c_hi, s_hi, gl.load(tbl_ptr + s_hi)
-
-
-@gluon.jit
 def _score_page(codes, sb, tbl_ptr, q_lo, q_hi, zero, out_ptrs, A_L: gl.constexpr):
     """One page: both K halves' lookup and MMA, the max over tokens stored at ``out_ptrs``."""
-    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
-    acc = warpgroup_mma(_dequant_half(c_lo, s_lo, r_lo, A_L, 128), q_lo, zero, use_acc=False)
-    acc = warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L, 128), q_hi, acc)
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = half_operands(codes, sb, tbl_ptr)
+    acc = warpgroup_mma(dequant_half(c_lo, s_lo, r_lo, A_L, 128), q_lo, zero, use_acc=False)
+    acc = warpgroup_mma(dequant_half(c_hi, s_hi, r_hi, A_L, 128), q_hi, acc)
     gl.store(out_ptrs, gl.max(acc, axis=0))  # max.f32 skips NaN (SPEC 4)

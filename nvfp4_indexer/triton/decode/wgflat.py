@@ -1,15 +1,15 @@
-"""Gluon score kernel of the page-per-warp wgmma decode path (``decode_wgmma``, dequant
-"wgflat"; CUDA SM90 only).
+"""Gluon score kernel of the page-score decode family, dequant "wgflat" (CUDA SM90 only; the
+default at 32 query rows from ``dispatch.WGFLAT_MIN_PAGES`` pages, and with dot "fp8").
 
-One warpgroup per program on the flat grid of the "mma" scorer (``mma_scorer.flat_work``:
-program p scores flat pages [p*T//P, (p+1)*T//P) of the batch, request by request). Per
-request segment the query rows sit in shared memory as the wgmma B operand (fp16, two K=64
-halves, dims in ``decode_wgmma.phys_dim`` order); the segment's pages go in groups of four,
-**one page per warp**: warp w owns rows 16w .. 16w+15 of every [64 tokens, 128] A tile, filled
-with 16 tokens of page g + w. So the four warps' MMAs share one ``warpgroup_mma``
-(m64nNk16: the full-rate tensor path, 16 instructions per page against 256 ``mma.sync``) while
-the max over a page's tokens stays inside its warp (a running per-thread max over the page's
-8 chunks, one cross-lane reduction per page; no cross-warp reduction).
+One warpgroup per program on the flat grid of "mma" (``fragments.flat_work``: program p scores
+flat pages [p*T//P, (p+1)*T//P) of the batch, request by request). Per request segment the
+query rows sit in shared memory as the wgmma B operand (fp16, two K=64 halves, dims in
+``fragments.phys_dim`` order); the segment's pages go in groups of four, **one page per
+warp**: warp w owns rows 16w .. 16w+15 of every [64 tokens, 128] A tile, filled with 16 tokens
+of page g + w. So the four warps' MMAs share one ``warpgroup_mma`` (m64nNk16: the full-rate
+tensor path, 16 instructions per page against 256 ``mma.sync``) while the max over a page's
+tokens stays inside its warp (a running per-thread max over the page's 8 chunks, one
+cross-lane reduction per page; no cross-warp reduction).
 
 - Chunks (16 tokens of each warp's page: 4 KB of codes + 512 scale bytes per CTA) stream
   through a shared-memory ring of ``STAGES`` slots filled by ``cp.async`` (``STAGES - 1`` in
@@ -17,16 +17,19 @@ the max over a page's tokens stays inside its warp (a running per-thread max ove
   lane and warp bases are those of the wgmma A operand.
 - Per chunk and K half: ``lut.LUT_ASM`` (bit-exact SPEC 1.4) into a trivially converted A
   operand, ``warpgroup_mma [64, 64] x [64, N]`` (fp16 operands, fp32 accumulation: SPEC 9
-  b = 15). ``ASYNC`` issues the low half's MMA before the high half's lookup.
+  b = 15); the low half's MMA runs asynchronously while the high half is looked up.
+- ``FP8``: E4M3 operands (``lut.LUT_E4M3_ASM``, the query in E4M3, K-major; fp8 wgmma with
+  ~13 accumulated fraction bits: dot mode "fp8", SPEC 9 b = 5), synchronous wgmma.
 - The last group of a segment may have fewer than four pages: the idle warps rescore the
   segment's last page (in cache, never a page outside the row: SPEC 10) and store nothing.
 
 Same scratch, select kernel and SPEC 10 clamps as the other scorers; the "lut" twin covers
-its semantics on the CPU. Measurements behind the shape and the defaults (``heuristics``
-``WGFLAT_*``): docs/benchmarks.md, "Issue 13, seventh step".
+its semantics on the CPU.
 """
 
 from __future__ import annotations
+
+import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -34,15 +37,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .layout import PAGE, SCALES_OFFSET
+from ..layout import PAGE, SCALES_OFFSET
+from .fragments import dequant_half, flat_work, half_operands, load_q, request_segment
 from .lut import LUT_E4M3_ASM, LUT_E4M3_CONSTRAINTS
-from .mma_scorer import _lookup_only, _raw_half, flat_work, request_segment
-from .wgmma_scorer import _dequant_half, _half_operands, _load_q
 
 _E4M3_ASM = gl.constexpr(LUT_E4M3_ASM)
 _E4M3_CONSTRAINTS = gl.constexpr(LUT_E4M3_CONSTRAINTS)
 _SPLIT4_ASM = gl.constexpr("mov.b32 $0, $1;")  # E4M3x4 word -> its four bytes
-_RAW8_ASM = gl.constexpr("mov.b64 {$0, $1}, $4;\nmov.b64 {$2, $3}, $5;")
 
 CHUNK = gl.constexpr(16)  # tokens of one warp's page per A tile (its 16 rows)
 WARPS = gl.constexpr(4)  # one warpgroup: four pages per group
@@ -120,69 +121,28 @@ def _dequant_half_e4m3(codes, row, A_L: gl.constexpr, M: gl.constexpr):
 
 
 @gluon.jit
-def _raw_half_e4m3(codes, A_L: gl.constexpr, M: gl.constexpr):
-    """LAB 2 with ``FP8``: an E4M3 operand [M, 64] from register copies of the codes."""
-    o0, o1, o2, o3 = gl.inline_asm_elementwise(
-        _RAW8_ASM, _E4M3_CONSTRAINTS, [codes, codes],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    return _e4m3_tile(o0, o1, o2, o3, A_L, M)
-
-
-@gluon.jit
-def _lookup_only_e4m3(codes, sb, tbl_ptr):
-    """LAB 3 with ``FP8`` (no MMA): both halves' lookups folded by xor."""
-    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
-    a0, a1, a2, a3 = gl.inline_asm_elementwise(
-        _E4M3_ASM, _E4M3_CONSTRAINTS, [c_lo, r_lo],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    b0, b1, b2, b3 = gl.inline_asm_elementwise(
-        _E4M3_ASM, _E4M3_CONSTRAINTS, [c_hi, r_hi],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    return ((a0 ^ a1) ^ (a2 ^ a3)) ^ ((b0 ^ b1) ^ (b2 ^ b3))
-
-
-@gluon.jit
-def _chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
-                       ASYNC: gl.constexpr, LAB: gl.constexpr):
+def _chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr):
     """``_chunk_scores`` with E4M3 operands (``FP8``; ``q_lo`` / ``q_hi`` the K-major [64, N]
-    views): SM90 fp8 wgmma, fp32 accumulation of ~13 fraction bits (dot mode "fp8", b = 5)."""
-    if LAB == 2:
-        c_lo, c_hi = gl.split(codes)
-        acc = warpgroup_mma(_raw_half_e4m3(c_lo, A_L, WARPS * CHUNK), q_lo, zero, use_acc=False)
-        return warpgroup_mma(_raw_half_e4m3(c_hi, A_L, WARPS * CHUNK), q_hi, acc)
-    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
-    a_lo = _dequant_half_e4m3(c_lo, r_lo, A_L, WARPS * CHUNK)
-    if ASYNC:
-        tok = warpgroup_mma(a_lo, q_lo, zero, use_acc=False, is_async=True)
-        a_hi = _dequant_half_e4m3(c_hi, r_hi, A_L, WARPS * CHUNK)
-        tok = warpgroup_mma(a_hi, q_hi, tok, is_async=True)
-        # only the token: Triton 3.6 cannot lower 8-bit deps; ptxas keeps the A registers
-        # intact until the wait (it serializes the wgmma otherwise)
-        return warpgroup_mma_wait(num_outstanding=0, deps=[tok])
-    acc = warpgroup_mma(a_lo, q_lo, zero, use_acc=False)
+    views): SM90 fp8 wgmma, fp32 accumulation of ~13 fraction bits (dot mode "fp8", b = 5).
+    Synchronous: Triton 3.6 cannot lower 8-bit wgmma deps, and ptxas serializes an async
+    wgmma whose A registers it cannot keep intact."""
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = half_operands(codes, sb, tbl_ptr)
+    acc = warpgroup_mma(_dequant_half_e4m3(c_lo, r_lo, A_L, WARPS * CHUNK), q_lo, zero,
+                        use_acc=False)
     return warpgroup_mma(_dequant_half_e4m3(c_hi, r_hi, A_L, WARPS * CHUNK), q_hi, acc)
 
 
 @gluon.jit
-def _chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr,
-                  ASYNC: gl.constexpr, LAB: gl.constexpr):
-    """[64 rows, N] fp32 dot products of one A tile (both K halves). ``LAB`` (speed-of-light
-    variants for ``benchmarks.labs.dequant_lab``; 0 in the library): 2 feeds the MMA an
-    operand made from the code words without the lookup (wrong scores)."""
-    if LAB == 2:
-        c_lo, c_hi = gl.split(codes)
-        acc = warpgroup_mma(_raw_half(c_lo, A_L, WARPS * CHUNK), q_lo, zero, use_acc=False)
-        return warpgroup_mma(_raw_half(c_hi, A_L, WARPS * CHUNK), q_hi, acc)
-    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
-    a_lo = _dequant_half(c_lo, s_lo, r_lo, A_L, WARPS * CHUNK)
-    if ASYNC:
-        tok = warpgroup_mma(a_lo, q_lo, zero, use_acc=False, is_async=True)
-        a_hi = _dequant_half(c_hi, s_hi, r_hi, A_L, WARPS * CHUNK)
-        tok = warpgroup_mma(a_hi, q_hi, tok, is_async=True)
-        acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[tok, a_lo, a_hi])
-        return acc
-    acc = warpgroup_mma(a_lo, q_lo, zero, use_acc=False)
-    return warpgroup_mma(_dequant_half(c_hi, s_hi, r_hi, A_L, WARPS * CHUNK), q_hi, acc)
+def _chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr):
+    """[64 rows, N] fp32 dot products of one A tile (both K halves): the low half's wgmma
+    runs while the high half is looked up."""
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = half_operands(codes, sb, tbl_ptr)
+    a_lo = dequant_half(c_lo, s_lo, r_lo, A_L, WARPS * CHUNK)
+    tok = warpgroup_mma(a_lo, q_lo, zero, use_acc=False, is_async=True)
+    a_hi = dequant_half(c_hi, s_hi, r_hi, A_L, WARPS * CHUNK)
+    tok = warpgroup_mma(a_hi, q_hi, tok, is_async=True)
+    acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[tok, a_lo, a_hi])
+    return acc
 
 
 @gluon.jit
@@ -201,13 +161,11 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
                         scores_ptr, num_reqs, num_programs, Q: gl.constexpr, H: gl.constexpr,
                         N: gl.constexpr, BB: gl.constexpr, CL: gl.constexpr,
                         MMA: gl.constexpr, QL: gl.constexpr, SCL: gl.constexpr,
-                        B_SL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr,
-                        LAB: gl.constexpr = 0, FP8: gl.constexpr = 0):
+                        B_SL: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr = 0):
     # the flat partition's request vector: contiguous per thread, as in the mma scorer
     VL: gl.constexpr = gl.BlockedLayout([max(1, BB // 128)], [32], [4], [0])
     NCH: gl.constexpr = PAGE // CHUNK
     gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
-    gl.static_assert((LAB == 0) or (LAB == 2) or (LAB == 3), "LAB: 0, 2 or 3")
     s, e, b0, b1, eb = flat_work(seq_lens_ptr, num_reqs, width, gl.program_id(0),
                                  num_programs, BB, VL)
     ring_c = gl.allocate_shared_memory(gl.int64, [STAGES, WARPS * CHUNK, 4, 2],
@@ -229,8 +187,8 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
                 q_lo.store(_load_q8(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
                 q_hi.store(_load_q8(q_ptr, b, q_row_stride, q_head_stride, 1, Q, H, N, QL))
             else:
-                q_lo.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
-                q_hi.store(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
+                q_lo.store(load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL))
+                q_hi.store(load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL))
             fence_async_shared()
             gl.thread_barrier()
             if FP8:
@@ -238,20 +196,19 @@ def wgflat_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
                              bt_ptr + b.to(gl.int64) * bt_stride, tbl_ptr,
                              scores_ptr + b.to(gl.int64) * N * width, width, start, end,
                              ring_c, ring_s, q_lo.permute((1, 0)), q_hi.permute((1, 0)), N, CL,
-                             MMA, SCL, STAGES, ASYNC, LAB, FP8)
+                             MMA, SCL, STAGES, FP8)
             else:
                 _score_pages(cache64, cache_ptr, page_stride16, num_blocks,
                              bt_ptr + b.to(gl.int64) * bt_stride, tbl_ptr,
                              scores_ptr + b.to(gl.int64) * N * width, width, start, end,
-                             ring_c, ring_s, q_lo, q_hi, N, CL, MMA, SCL, STAGES, ASYNC, LAB,
-                             FP8)
+                             ring_c, ring_s, q_lo, q_hi, N, CL, MMA, SCL, STAGES, FP8)
 
 
 @gluon.jit
 def _score_pages(cache64, cache8, page_stride16, num_blocks, bt_row, tbl_ptr, out_base, width,
                  start, end, ring_c, ring_s, q_lo, q_hi, N: gl.constexpr, CL: gl.constexpr,
                  MMA: gl.constexpr, SCL: gl.constexpr, STAGES: gl.constexpr,
-                 ASYNC: gl.constexpr, LAB: gl.constexpr, FP8: gl.constexpr):
+                 FP8: gl.constexpr):
     """Pages ``[start, end)`` of one request (non-empty), four per group (warp w: page g + w);
     row n's max of page j stored at ``out_base + n * width + j``."""
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA,
@@ -299,34 +256,46 @@ def _score_pages(cache64, cache8, page_stride16, num_blocks, bt_row, tbl_ptr, ou
             else:
                 _issue_chunk(ring_c, ring_s, cache64, cache8, nids_c, nids_s, page_stride16,
                              off64, soff, c + STAGES - 1, STAGES)
-            if LAB == 3:  # no MMA: the lookups folded by xor
-                if FP8:
-                    x = _lookup_only_e4m3(codes, sb, tbl_ptr)
-                else:
-                    x = _lookup_only(codes, sb, tbl_ptr)
-                if c == 0:
-                    runx = x
-                else:
-                    runx = runx ^ x
+            if FP8:
+                red = _tile_max(_chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L), N)
             else:
-                if FP8:
-                    red = _tile_max(_chunk_scores_e4m3(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L,
-                                                       ASYNC, LAB), N)
-                else:
-                    red = _tile_max(_chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L,
-                                                  ASYNC, LAB), N)
-                if c == 0:
-                    run = red
-                else:
-                    run = gl.maximum(run, red)  # max.f32 skips NaN (SPEC 4)
-        if LAB == 3:
-            v = gl.max(gl.max(runx, axis=1), axis=0).to(gl.float32)
-            gl.store(out_base + g + out_off, wpage * 0.0 + v, mask=g + wpage < end)
-        else:
-            gl.store(out_base + g + out_off, gl.max(run, axis=1), mask=g + wpage < end)
+                red = _tile_max(_chunk_scores(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L), N)
+            if c == 0:
+                run = red
+            else:
+                run = gl.maximum(run, red)  # max.f32 skips NaN (SPEC 4)
+        gl.store(out_base + g + out_off, gl.max(run, axis=1), mask=g + wpage < end)
         ids_c = nids_c
         ids_s = nids_s
         nids_c = nnids_c
         nids_s = nnids_s
     async_copy.wait_group(0)
 
+
+@functools.lru_cache(maxsize=None)
+def layouts(rows: int, fp8: bool = False):
+    """Constexpr layouts of the page-per-warp wgmma scorer (4 warps) for
+    N = ``rows`` query rows: ``(CL, MMA, QL, SCL, B_SL)`` -- the A-tile code / scale read
+    layout ``[64, 4, 2]`` (``mma.layouts``' CL with warp w on rows 16w .. 16w+15: the wgmma A
+    operand's bases), the wgmma accumulator, the query load, the cp.async layout of a tile's
+    scale bytes ``[64, 8]`` and the query's shared layout (cached). ``fp8``: the E4M3-operand
+    variant (``FP8``: k = 32 per wgmma, the query E4M3 ``[N, 64]`` per K half, K-major)."""
+    from triton.experimental.gluon import language as gl
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 2])
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                    instr_shape=[16, rows, 32 if fp8 else 16])
+    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
+                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+                                     warp_bases=[[16, 0], [32, 0]], block_bases=[],
+                                     shape=[64, 8])
+    if fp8:
+        ql = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+        b_sl = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    else:
+        ql = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        b_sl = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * rows), element_bitwidth=16,
+                                    rank=2)
+    return cl, mma, ql, scl, b_sl

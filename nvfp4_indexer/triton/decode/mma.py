@@ -1,12 +1,14 @@
-"""Gluon score kernel of the warp-per-split decode path (``decode_wgmma``, dequant "mma"; SM89+).
+"""Gluon score kernel of the page-score decode family, dequant "mma" (SM89+; the default on
+SM90 at <= 32 query rows from ``dispatch.MMA_MIN_PAGES`` pages).
 
 One warp per program and nothing shared between warps, so no warp waits on another: the
 hardware interleaves the ~12 resident programs of an SM (168 registers: 3 warps per
-scheduler). Grid ``(P,)``, the flat partition (``flat_work``: program p scores flat pages
-[p*T//P, (p+1)*T//P) of the batch's T scored pages, request by request); per request segment:
+scheduler). Grid ``(P,)``, the flat partition (``fragments.flat_work``: program p scores flat
+pages [p*T//P, (p+1)*T//P) of the batch's T scored pages, request by request); per request
+segment:
 
 - the query rows of request b as fp16 ``mma.sync`` B fragments, held in registers for all
-  pages (two K=64 halves, dims in ``decode_wgmma.phys_dim`` order);
+  pages (two K=64 halves, dims in ``fragments.phys_dim`` order);
 - the segment's history pages streamed in chunks of 16 tokens (1 KB of codes + 128 scale bytes)
   through a shared-memory ring of ``STAGES`` chunk slots filled by ``cp.async``
   (``STAGES - 1`` chunks in flight; the block id of page j + 2 is read during page j);
@@ -19,26 +21,21 @@ scheduler). Grid ``(P,)``, the flat partition (``flat_work``: program p scores f
 - per page: one cross-lane max (three shuffle rounds) over its 128 tokens, NaN-skipping
   (SPEC 4), stored to ``scores[b, n, j]``.
 
-Same scratch, select kernel and SPEC 10 clamps as ``wgmma_scorer``. Why this shape (the wgmma
-path's cross-warp max and register prefetch measured slower): docs/benchmarks.md, "Issue 13,
-fourth step".
+Same scratch, select kernel and SPEC 10 clamps as the other page scorers; the wgmma scorer's
+cross-warp max and register prefetch measured slower in this one-warp shape.
 """
 
 from __future__ import annotations
+
+import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .layout import HISTORY, PAGE, SCALES_OFFSET
-from .lut import LUT_ASM, LUT_CONSTRAINTS
-from .wgmma_scorer import _dequant_half, _group_offsets, _half_operands, _load_q, _SPLIT_ASM
-
-_ASM = gl.constexpr(LUT_ASM)
-_CONSTRAINTS = gl.constexpr(LUT_CONSTRAINTS)
-# LAB 2 (no dequantization): the 16 codes' two words copied into the 8 operand registers
-_RAW_ASM = gl.constexpr("mov.b64 {$0, $1}, $8;\nmov.b64 {$2, $3}, $8;\n"
-                        "mov.b64 {$4, $5}, $8;\nmov.b64 {$6, $7}, $8;")
+from ..layout import PAGE, SCALES_OFFSET
+from .fragments import (dequant_half, flat_work, group_offsets, half_operands, load_q,
+                        request_segment)
 
 CHUNK = gl.constexpr(16)  # tokens per MMA (the m16n8k16 A fragment's rows)
 
@@ -65,104 +62,17 @@ def _issue_chunk(ring_c, ring_s, cache64, cache8, base, off64, soff, k: gl.const
 
 
 @gluon.jit
-def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr, LAB: gl.constexpr):
-    """[16 tokens, N] fp32 dot products of one chunk (both K halves). ``LAB`` (speed-of-light
-    variants for ``benchmarks.labs.dequant_lab``; 0 in the library): 1 sums two independent
-    K-half MMA chains (not bit-identical to 0), 2 feeds the raw code words to the MMA (no
-    lookup, no table loads: wrong scores)."""
-    if LAB == 2:
-        c_lo, c_hi = gl.split(codes)
-        acc = mma_v2(_raw_half(c_lo, A_L, CHUNK), q_lo, zero)
-        return mma_v2(_raw_half(c_hi, A_L, CHUNK), q_hi, acc)
-    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
-    if LAB == 1:
-        return mma_v2(_dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero) \
-            + mma_v2(_dequant_half(c_hi, s_hi, r_hi, A_L, CHUNK), q_hi, zero)
-    acc = mma_v2(_dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero)
-    return mma_v2(_dequant_half(c_hi, s_hi, r_hi, A_L, CHUNK), q_hi, acc)
-
-
-@gluon.jit
-def _raw_half(codes, A_L: gl.constexpr, M: gl.constexpr):
-    """LAB 2: an operand of ``_dequant_half``'s shape ``[M, 64]`` from register copies of the
-    codes (no lookup, no table loads)."""
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        _RAW_ASM, _CONSTRAINTS, [codes, codes, codes.to(gl.int32)],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True, pack=1)
-    x = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)),
-                gl.join(gl.join(o4, o5), gl.join(o6, o7)))
-    y = gl.join(x, x)
-    f = gl.inline_asm_elementwise(_SPLIT_ASM, "=r,r,r", [y], dtype=gl.float16, is_pure=True,
-                                  pack=2)
-    f = gl.permute(f, [0, 2, 3, 4, 1, 5])
-    return gl.convert_layout(gl.reshape(f, [M, 64]), A_L, assert_trivial=True)
-
-
-@gluon.jit
-def _lookup_only(codes, sb, tbl_ptr):
-    """LAB 3 (no MMA): both halves' lookups folded by xor into an int32 [16, 4]."""
-    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = _half_operands(codes, sb, tbl_ptr)
-    return _xor_lookup(c_lo, s_lo, r_lo) ^ _xor_lookup(c_hi, s_hi, r_hi)
-
-
-@gluon.jit
-def _xor_lookup(codes, s, row):
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        _ASM, _CONSTRAINTS, [codes, row, s],
-        dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True, pack=1)
-    return ((o0 ^ o1) ^ (o2 ^ o3)) ^ ((o4 ^ o5) ^ (o6 ^ o7))
+def _score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L: gl.constexpr):
+    """[16 tokens, N] fp32 dot products of one chunk (both K halves)."""
+    c_lo, s_lo, r_lo, c_hi, s_hi, r_hi = half_operands(codes, sb, tbl_ptr)
+    acc = mma_v2(dequant_half(c_lo, s_lo, r_lo, A_L, CHUNK), q_lo, zero)
+    return mma_v2(dequant_half(c_hi, s_hi, r_hi, A_L, CHUNK), q_hi, acc)
 
 
 @gluon.jit
 def _row_max(acc, N: gl.constexpr):
     """Max over the two token rows (g, g + 8) each thread holds: [16, N] -> [8, N]."""
     return gl.max(gl.reshape(acc, [2, 8, N]), axis=0)
-
-
-@gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
-def scored_page_count(sl, width):
-    """Scored pages of a request of seq_len ``sl`` (``wgmma_scorer._split_pages``'s count;
-    SPEC 10 clamp): the last query's history pages, 0 when every row is short."""
-    sl = gl.minimum(gl.maximum(sl, 0), width * PAGE)
-    n = gl.maximum(sl - 1, 0) // PAGE
-    return gl.where(n > HISTORY, n, 0)
-
-
-@gluon.jit
-def flat_work(seq_lens_ptr, num_reqs, width, pid, num_programs, BB: gl.constexpr,
-              VL: gl.constexpr):
-    """Program ``pid``'s share of the batch's scored pages (the flat partition,
-    ``decode_wgmma.flat_partition``): the requests' scored page counts n_b laid end to end,
-    program p takes flat pages ``[p * T // P, (p + 1) * T // P)`` of the total T. Returns
-    ``(s, e, b0, b1, e0)``: that range, the requests ``[b0, b1)`` it touches and the first
-    flat page of request b0."""
-    idx = gl.arange(0, BB, layout=VL)
-    n = scored_page_count(gl.load(seq_lens_ptr + idx, mask=idx < num_reqs, other=0), width)
-    incl = gl.associative_scan(n, 0, _add)
-    excl = incl - n
-    total = gl.sum(n, axis=0).to(gl.int64)
-    s = ((pid.to(gl.int64) * total) // num_programs).to(gl.int32)
-    e = (((pid + 1).to(gl.int64) * total) // num_programs).to(gl.int32)
-    b0 = gl.sum((incl <= s).to(gl.int32), axis=0)
-    b1 = gl.sum((excl < e).to(gl.int32), axis=0)
-    e0 = gl.sum(gl.where(idx == b0, excl, 0), axis=0)
-    return s, e, b0, b1, e0
-
-
-@gluon.jit
-def request_segment(seq_lens_ptr, b, width, s, e, eb):
-    """Request b's share of a program's flat range ``[s, e)`` (``flat_work``), request b's
-    scored pages starting at flat page ``eb``: ``(start, end, eb')``, request-local pages
-    ``[start, end)`` (empty when start >= end) and the next request's first flat page."""
-    ib = eb + scored_page_count(gl.load(seq_lens_ptr + b), width)  # flat pages [eb, ib)
-    return gl.maximum(s, eb) - eb, gl.minimum(e, ib) - eb, ib
 
 
 # The launcher's warmup (a 1-block cache, a contiguous q) must compile the variant real
@@ -173,7 +83,7 @@ def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride1
                      bt_ptr, bt_stride, width, seq_lens_ptr, tbl_ptr, scores_ptr, num_reqs,
                      num_programs, Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr,
                      BB: gl.constexpr, CL: gl.constexpr, MMA: gl.constexpr, QL: gl.constexpr,
-                     SCL: gl.constexpr, STAGES: gl.constexpr, LAB: gl.constexpr = 0):
+                     SCL: gl.constexpr, STAGES: gl.constexpr):
     VL: gl.constexpr = gl.BlockedLayout([BB // 32], [32], [1], [0])
     NCH: gl.constexpr = PAGE // CHUNK
     gl.static_assert(NCH % STAGES == 0, "STAGES divides the chunks of a page")
@@ -190,7 +100,7 @@ def mma_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride1
             _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache_ptr,
                          page_stride16, num_blocks, bt_ptr + b.to(gl.int64) * bt_stride,
                          tbl_ptr, scores_ptr + b.to(gl.int64) * N * width, width, start, end,
-                         ring_c, ring_s, Q, H, N, CL, MMA, QL, SCL, STAGES, LAB)
+                         ring_c, ring_s, Q, H, N, CL, MMA, QL, SCL, STAGES)
 
 
 @gluon.jit
@@ -198,13 +108,13 @@ def _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache8, page_st
                  num_blocks, bt_row, tbl_ptr, out_base, width, start, end, ring_c, ring_s,
                  Q: gl.constexpr, H: gl.constexpr, N: gl.constexpr, CL: gl.constexpr,
                  MMA: gl.constexpr, QL: gl.constexpr, SCL: gl.constexpr,
-                 STAGES: gl.constexpr, LAB: gl.constexpr):
+                 STAGES: gl.constexpr):
     """Pages ``[start, end)`` of request b (non-empty): the query as B fragments, the chunks
     through the ring, row n's max of page j stored at ``out_base + n * width + j``."""
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     NCH: gl.constexpr = PAGE // CHUNK
-    m8, grp = _group_offsets(CHUNK, CL)  # a chunk's codes in CL
+    m8, grp = group_offsets(CHUNK, CL)  # a chunk's codes in CL
     off64 = m8 + grp
     st = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, SCL))
     sb8 = gl.arange(0, 8, layout=gl.SliceLayout(0, SCL))
@@ -215,9 +125,9 @@ def _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache8, page_st
         + gl.zeros([CHUNK, N], gl.int32, layout=MMA)
     rown = gl.max(_row_max(col, N), axis=0)
     out_ptrs = out_base + rown * width
-    q_lo = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL),
+    q_lo = gl.convert_layout(load_q(q_ptr, b, q_row_stride, q_head_stride, 0, Q, H, N, QL),
                              B_L)
-    q_hi = gl.convert_layout(_load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL),
+    q_hi = gl.convert_layout(load_q(q_ptr, b, q_row_stride, q_head_stride, 64, Q, H, N, QL),
                              B_L)
     base = _block_base(bt_row, start, num_blocks, page_stride16)
     nbase = _block_base(bt_row, gl.minimum(start + 1, end - 1), num_blocks, page_stride16)
@@ -239,23 +149,33 @@ def _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache8, page_st
             else:
                 _issue_chunk(ring_c, ring_s, cache64, cache8, nbase, off64, soff,
                              c + STAGES - 1, STAGES)
-            if LAB == 3:
-                x = _lookup_only(codes, sb, tbl_ptr)
-                if c == 0:
-                    runx = x
-                else:
-                    runx = runx ^ x
+            red = _row_max(_score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L), N)
+            if c == 0:
+                run = red
             else:
-                red = _row_max(_score_chunk(codes, sb, tbl_ptr, q_lo, q_hi, zero, A_L, LAB), N)
-                if c == 0:
-                    run = red
-                else:
-                    run = gl.maximum(run, red)  # max.f32 skips NaN (SPEC 4)
-        if LAB == 3:
-            v = gl.max(gl.max(runx, axis=1), axis=0)
-            gl.store(out_ptrs + j, (rown * 0 + v).to(gl.float32))
-        else:
-            gl.store(out_ptrs + j, gl.max(run, axis=0))
+                run = gl.maximum(run, red)  # max.f32 skips NaN (SPEC 4)
+        gl.store(out_ptrs + j, gl.max(run, axis=0))
         base = nbase
         nbase = nnbase
     async_copy.wait_group(0)
+
+
+@functools.lru_cache(maxsize=None)
+def layouts(rows: int):
+    """Constexpr layouts of the warp-per-split Gluon scorer (one warp) for
+    N = ``rows`` query rows: ``(CL, MMA, QL, SCL)`` -- the chunk code / scale read layout whose
+    lane bases are those of the m16n8k16 A fragment (element (m, j, g'): group 2j + g' of token
+    m; lanes: j, then m mod 8; registers: g', m // 8), the MMA accumulator, the query load and
+    the cp.async layout of a chunk's scale bytes ``[16 tokens, 8]`` (4 bytes per lane).
+    Cached: building them costs ~0.1 ms of host time, once per eager launch otherwise."""
+    from triton.experimental.gluon import language as gl
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[], block_bases=[], shape=[16, 4, 2])
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    ql = gl.BlockedLayout([2, 1], [32, 1], [1, 1], [0, 1])
+    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
+                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+                                     warp_bases=[], block_bases=[], shape=[16, 8])
+    return cl, mma, ql, scl

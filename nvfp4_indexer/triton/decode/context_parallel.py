@@ -3,7 +3,7 @@ for every rank's heads, and the merge after the candidate exchange.
 
 Rank r of W runs, per decode step (``ContextParallelRunner``):
 
-1. ``score``: the decode score kernel (``decode._decode_score_kernel``) in page-subset mode,
+1. ``score``: the decode score kernel (``split_kernel.decode_score_kernel``) in page-subset mode,
    pages ``j = r, r + W, ...`` of each request, for all ``W * H_r`` heads (the gathered
    queries), always writing its split candidates to the scratch ``[B, BLOCK_M, NS, KEEP]``;
    then ``_cp_reduce_kernel`` keeps each row's 16 largest packed (score, page) keys
@@ -17,7 +17,8 @@ Rank r of W runs, per decode step (``ContextParallelRunner``):
 The union of the ranks' 16 best holds every row's 15 best history pages, so the output is the
 single-device selection of the same page scores. Like ``DecodeRunner``: nothing depends on
 host values of the metadata, every program writes all of its outputs each run, and ``run``
-allocates nothing (CUDA-graph capturable).
+allocates nothing (CUDA-graph capturable). Launch parameters:
+``dispatch.plan_context_parallel``.
 """
 
 from __future__ import annotations
@@ -26,20 +27,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..constants import HEAD_DIM, TOPK
-from ..validation import check_int
-from . import heuristics as hz
-from . import layout
-from .config import KERNEL_DEQUANT_MODES, DecodeConfig, check_config
-from .decode import SCORE_ERROR_BITS, _decode_score_kernel
-from .dot_modes import resolve_dot
-from .heuristics import MAX_ROWS, block_rows, cp_num_splits, subset_pages
-from .layout import local_page
-from .device import device_guard, num_sms, portable_default
-from .scan import clamped_seq_len, decode_rows, out_offsets
-from .topk import EMPTY, load_candidates, write_selection
-
-SEND_KEEP = TOPK  # candidates a rank sends per row (>= the 15 history slots)
+from ...constants import HEAD_DIM, TOPK
+from ...validation import check_int
+from .. import layout
+from ..config import DecodeConfig, check_config
+from ..device import capability, device_guard, num_sms
+from ..dot_modes import SCORE_ERROR_BITS
+from ..layout import local_page
+from ..scan import clamped_seq_len, decode_rows, out_offsets
+from ..topk import EMPTY, load_candidates, write_selection
+from .dispatch import MAX_ROWS, SEND_KEEP, plan_context_parallel
+from .split_kernel import decode_score_kernel
 
 
 @triton.jit(do_not_specialize=["num_rows", "width"],
@@ -104,12 +102,13 @@ class ContextParallelRunner:
         world / rank: the group size W and this rank's index r (scores pages j % W == r).
         num_reqs: padded batch B. width: block-table width W'. query_len: Q (1..8).
         device: the CUDA device (or CPU under the interpreter).
-        config: the score kernel's tuning (``config.DecodeConfig``, as ``decode.DecodeRunner``;
+        config: the score kernel's tuning (``config.DecodeConfig``, as ``DecodeRunner``;
             its dequant must be a one-launch kernel mode, ``KERNEL_DEQUANT_MODES``, and pdl
             False; page_score_min_pages is unused).
         rows_per_program: query rows per program of the reduce and merge kernels (a power of
             two; default ``heuristics.merge_config``'s one row on a GPU, and under the
             interpreter all of a request's rows: fewer interpreted programs).
+    The runner's ``plan`` (``dispatch.ContextParallelPlan``) holds its launches.
         warmup: compile the kernels now (default on CUDA), so capture never compiles.
     Raises:
         ValueError: bad sizes or config. NotImplementedError: Q * W * H_r > 64 (the score
@@ -141,45 +140,16 @@ class ContextParallelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_heads, self.world, self.rank = num_heads, world, rank
         self.num_reqs, self.width, self.query_len = num_reqs, width, query_len
-        self.block_m = block_rows(query_len, heads)
-        self.dot = resolve_dot(cfg.dot, self.device)
-        dequant = cfg.dequant or hz.default_dequant(self.device, self.dot)
-        if dequant not in KERNEL_DEQUANT_MODES:
-            raise ValueError(f"dequant: expected one of {KERNEL_DEQUANT_MODES}, got "
-                             f"{dequant!r}")
-        if dequant != "triton" and (self.dot != "fp16" or portable_default(self.device)):
-            raise ValueError(f"dequant: {dequant!r} needs a CUDA GPU and dot 'fp16', got dot "
-                             f"{self.dot!r} on {self.device}")
-        if cfg.pdl:
-            raise ValueError("pdl: expected False (the context-parallel runner has no merge "
-                             "launch to overlap), got True")
-        self.num_splits = cfg.num_splits or cp_num_splits(
-            num_reqs, width, world, num_sms(self.device),
-            cfg.programs_per_sm or hz.PROGRAMS_PER_SM)
-        per = hz.cdiv(subset_pages(width, world), self.num_splits)
-        self.keep = hz.keep_for_pages(per)
-        window = cfg.window or hz.choose_window(per, self.block_m)
-        if window * self.block_m > hz.MAX_WINDOW_ELEMS:
-            raise ValueError(f"window: expected a power of two with window * BLOCK_M <= "
-                             f"{hz.MAX_WINDOW_ELEMS}, got {window} (BLOCK_M {self.block_m})")
-        self.dequant, self.window = dequant, window
-        self.num_warps, self.num_stages = cfg.num_warps, cfg.num_stages
-        cap = hz.MAXNREG if cfg.maxnreg is None else cfg.maxnreg
-        self._reg_cap = {} if portable_default(self.device) else {"maxnreg": cap}
-        self.splits_pad = hz.next_pow2(self.num_splits)
-        self.reduce_rows, self.reduce_warps = hz.merge_config(self.num_splits, self.keep)
-        self.world_pad = hz.next_pow2(world)
-        self.merge_rows, self.merge_warps = hz.merge_config(world, SEND_KEEP)
-        if rows_per_program is not None:
-            self.reduce_rows = self.merge_rows = rows_per_program
-        elif portable_default(self.device):  # interpreter: one program per request
-            self.reduce_rows = hz.next_pow2(query_len * heads)
-            self.merge_rows = hz.next_pow2(query_len * num_heads)
+        plan = self.plan = plan_context_parallel(
+            num_heads, world, num_reqs, width, query_len, cfg,
+            capability=capability(self.device), num_sms=num_sms(self.device),
+            rows_per_program=rows_per_program)
+        self.block_m, self.dot, self.dequant = plan.block_m, plan.dot, plan.dequant
+        self.num_splits, self.keep, self.window = plan.num_splits, plan.keep, plan.window
         # the decode runner's scratch shapes (candidates always: the exchange needs them)
-        self.scratch = torch.empty(num_reqs * self.block_m * self.num_splits * self.keep,
-                                   dtype=torch.int64, device=self.device)
-        nw = hz.window_elems(num_reqs, self.num_splits, self.block_m, window)
-        self.win = torch.empty(max(nw, 1), dtype=torch.float32, device=self.device)
+        self.scratch = torch.empty(plan.cand_elems, dtype=torch.int64, device=self.device)
+        self.win = torch.empty(max(plan.win_elems, 1), dtype=torch.float32,
+                               device=self.device)
         if warmup is None:
             warmup = self.device.type == "cuda"
         if warmup:
@@ -197,7 +167,7 @@ class ContextParallelRunner:
     def _warmup(self) -> None:
         b, q, w = self.num_reqs, self.query_len, self.width
         dev = self.device
-        from ..reference.paging import new_index_cache
+        from ...reference.paging import new_index_cache
         q_all = torch.zeros((b * q, self.world * self.num_heads, HEAD_DIM),
                             dtype=torch.float8_e4m3fn, device=dev)
         seq_lens = torch.zeros((b,), dtype=torch.int32, device=dev)
@@ -231,19 +201,15 @@ class ContextParallelRunner:
                 f"{tuple(block_table.shape)}, {tuple(seq_lens.shape)}, {tuple(send.shape)}")
         q8 = index_q.view(torch.uint8)
         with device_guard(self.device):
-            _decode_score_kernel[(b, self.num_splits)](
+            score, reduce = self.plan.score, self.plan.reduce
+            decode_score_kernel[(b, self.num_splits)](
                 q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
                 block_table, block_table.stride(0), seq_lens, self.scratch, self.win,
                 self.scratch, block_table.shape[1], cache.shape[0], self.rank, world,
-                Q=q, H=world * hr, BLOCK_M=self.block_m,
-                NUM_SPLITS=self.num_splits, DOT=self.dot, DEQUANT=self.dequant,
-                WINDOW=self.window, KEEP=self.keep, CANDIDATES=True,
-                num_warps=self.num_warps, num_stages=self.num_stages, **self._reg_cap)
-            _cp_reduce_kernel[(b, triton.cdiv(q * world * hr, self.reduce_rows))](
-                self.scratch, seq_lens, send, b * q, self.width, Q=q, H_R=hr, WORLD=world,
-                BLOCK_M=self.block_m, NUM_SPLITS=self.num_splits,
-                SPLITS_PAD=self.splits_pad, ROWS=self.reduce_rows, KEEP=self.keep,
-                num_warps=self.reduce_warps)
+                **score.constexprs, **score.options)
+            _cp_reduce_kernel[(b, triton.cdiv(q * world * hr, reduce.rows))](
+                self.scratch, seq_lens, send, b * q, self.width, **reduce.constexprs,
+                **reduce.options)
         return send
 
     def merge(self, recv: torch.Tensor, src_stride: int, seq_lens: torch.Tensor,
@@ -262,7 +228,8 @@ class ContextParallelRunner:
             raise ValueError(f"ContextParallelRunner.merge: expected int64 recv and out "
                              f"[{b * q}, {hr}, {TOPK}], got {recv.dtype}, {tuple(out.shape)}")
         with device_guard(self.device):
-            _cp_merge_kernel[(b, triton.cdiv(q * hr, self.merge_rows))](
-                recv, src_stride, seq_lens, out, self.width, Q=q, H_R=hr, WORLD=self.world,
-                WORLD_PAD=self.world_pad, ROWS=self.merge_rows, num_warps=self.merge_warps)
+            merge = self.plan.merge
+            _cp_merge_kernel[(b, triton.cdiv(q * hr, merge.rows))](
+                recv, src_stride, seq_lens, out, self.width, **merge.constexprs,
+                **merge.options)
         return out

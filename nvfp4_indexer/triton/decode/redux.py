@@ -1,12 +1,13 @@
 """Gluon selection kernels (SPEC 5), GPU only: one warp per row, the row's candidates in
-registers, 15 rounds of two warp reductions (``redux.sync``).
+registers, 15 rounds of two warp reductions (``redux.sync``). Launch shapes (K, ROWS, S):
+``dispatch.redux_shape`` / ``dispatch.split_shape``.
 
-- ``redux_select_kernel``: the select of the page-score decode paths (``decode_wgmma``), from
+- ``redux_select_kernel``: the select of the page-score decode paths (``page_scores``), from
   fp32 page scores.
 - ``redux_select_split_kernel``: the same select for wide rows on S warps per row (its
   docstring).
 - ``redux_merge_kernel``: the merge of the one-launch decode kernel's split candidates
-  (``decode.DecodeRunner``), from packed int64 candidates (its docstring).
+  (``split_kernel``), from packed int64 candidates (its docstring).
 
 Select: row n = i*H + h of request b reads ``scores[b, n, j]`` for its history pages j < L
 (L its local page, SPEC 4) with L <= 32 * K (K pages per lane: page j = lane * K + k, K
@@ -31,10 +32,9 @@ program's rows are consecutive rows of one request, whose local pages differ by 
 the slot-15 rule per row (as ``topk.write_selection`` does).
 
 The twin with the same output everywhere (the interpreter included) is
-``decode_wgmma._select_wide_kernel`` (int64 packed candidates, ``tl.max`` rounds); the GPU
-tests compare the two bit for bit; the merge's twin is ``decode._decode_merge_kernel``. Why:
-the int64 butterfly of ``tl.max`` costs ~60 instructions per round against ~5K + 5 here
-(docs/benchmarks.md, issue 13, eighth step).
+``select.select_wide_kernel`` (int64 packed candidates, ``tl.max`` rounds); the GPU tests
+compare the two bit for bit; the merge's twin is ``split_kernel.decode_merge_kernel``. Why: the
+int64 butterfly of ``tl.max`` costs ~60 instructions per round against ~5K + 5 here.
 """
 
 from __future__ import annotations
@@ -42,30 +42,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .layout import HISTORY, PAGE
-
-ROWS_PER_PROGRAM = 4  # rows (warps) per program of both kernels, at most the next pow2 >= Q*H
-
-
-def launch_shape(num_keys: int, rows: int) -> tuple[int, int]:
-    """``(K, ROWS)`` of a launch over rows of at most ``num_keys`` keys each (a block-table
-    width or a candidate count), ``rows`` = Q*H rows per request: K = next power of two >=
-    num_keys / 32 keys per lane, ROWS = min(``ROWS_PER_PROGRAM``, next power of two >= rows)
-    rows per program (the grid is ``(B, cdiv(rows, ROWS))``, ``num_warps`` = ROWS)."""
-    def next_pow2(n: int) -> int:
-        return 1 << max(0, n - 1).bit_length()
-    return next_pow2(-(-num_keys // 32)), min(ROWS_PER_PROGRAM, next_pow2(rows))
-
-
-def split_shape(num_keys: int, keys_per_lane: int) -> tuple[int, int]:
-    """``(K, S)`` of a ``redux_select_split_kernel`` launch over rows of at most ``num_keys``
-    keys: S = 4 warps per row while 4 * 32 * ``keys_per_lane`` keys fit, else 8; K = next
-    power of two >= num_keys / (32 S) keys per lane (at least 1). The library passes
-    ``decode_wgmma.SELECT_SPLIT_KEYS`` (16); K <= 32 needs num_keys <= 8192."""
-    s = 4 if num_keys <= 4 * 32 * keys_per_lane else 8
-    k = -(-num_keys // (32 * s))
-    return 1 << max(0, k - 1).bit_length(), s
-
+from ..layout import HISTORY, PAGE
 
 _INT32_MIN = gl.constexpr(-(2 ** 31))
 _NAN_KEY = gl.constexpr(-(2 ** 31) + 1)  # NaN pages: below every number, above "no page"
@@ -163,8 +140,7 @@ def redux_select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexp
 def redux_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: gl.constexpr,
                        H: gl.constexpr, BLOCK_M: gl.constexpr, C: gl.constexpr,
                        K: gl.constexpr, ROWS: gl.constexpr):
-    """The one-launch decode kernel's merge (``decode.DecodeRunner``, dequant "ptx" with
-    splits) with the same rounds: program (b, y) merges rows y*ROWS .. of request b from the
+    """The one-launch decode kernel's merge (``split_kernel``, with splits) with the same rounds: program (b, y) merges rows y*ROWS .. of request b from the
     candidate scratch ``int64 [B * BLOCK_M, C]`` (C = NUM_SPLITS * KEEP packed candidates per
     row, ``topk.pack_candidate``; ``EMPTY`` where none) into ``out``; C <= 32 * K.
 
