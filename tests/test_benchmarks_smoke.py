@@ -201,22 +201,6 @@ def test_matmul_rates_interleaved_rounds_keep_each_best(monkeypatch):
     assert T.MATMUL_ROUNDS >= 2  # the CUDA default (CPU smoke runs one round)
 
 
-def test_wave_model_orders_and_pages():
-    """``labs.wave_model`` (docs/benchmarks.md, issue 15, eleventh step): row blocks as the
-    library plans them (16K new x 32K cached: 256 pages for the first block, 383 for the
-    last; split ranges of ceil(pages / splits)), and descending order ahead of ascending where
-    the blocks' page counts grow."""
-    from benchmarks.labs import wave_model as wm
-    one = wm.program_pages(16384, 32768, 1)[0]
-    assert len(one) == 512 and (one[0], one[-1]) == (256, 383)
-    two = wm.program_pages(16384, 32768, 2)
-    assert [a + b for a, b in zip(*two)] == one and two[0][-1] == 192 and two[1][-1] == 191
-    assert wm.program_pages(1024, 0, 1)[0][:4] == [0, 0, 0, 0]  # short rows: nothing scored
-    m = wm.model(16384, 0, 2)
-    assert m["descending"] < m["ascending"] and m["descending"] >= m["ideal"]
-    assert wm.makespan([3, 1, 1, 1], 2, 0) == 3 and wm.makespan([1, 1, 1, 3], 2, 0) == 4
-
-
 # ----------------------------------------------------------------------------- pool
 
 def test_pool_pages_and_block_tables():
@@ -510,7 +494,7 @@ def test_knob_lab_prefill_variants_pick_their_kernel():
     Gluon scorer, which ignores those knobs (the variant would time the default)."""
     from benchmarks.labs.knob_lab import PREFILL_VARIANTS
     from benchmarks.labs.profile_case import config_of
-    from nvfp4_indexer.triton.heuristics import PREFILL_WGMMA_BLOCK_M
+    from nvfp4_indexer.triton.prefill.dispatch import PREFILL_WGMMA_BLOCK_M
     for name, knobs in PREFILL_VARIANTS.items():
         cfg = config_of("prefill", knobs)
         if {"num_stages", "num_warps", "window"} & set(knobs):
@@ -522,8 +506,8 @@ def test_knob_lab_prefill_variants_pick_their_kernel():
 _LAB_COMPILE = r'''
 import os
 os.environ.pop("TRITON_INTERPRET", None)
-from benchmarks.labs import prefill_score_lab, sol_lab
-from benchmarks.sass_stats import GATHER_TYPES, PREFILL_TYPES, _compile, sass_stats
+from benchmarks.labs import sol_lab
+from benchmarks.sass_stats import GATHER_TYPES, _compile, sass_stats
 u8 = dict(src="*u8", dst="*u8")
 ins = dict(x_ptr="*bf16", pos_ptr="*i64", cs_ptr="*bf16", cache_ptr="*u8", slot_ptr="*i64",
            n="i32", page_stride="i32")
@@ -533,9 +517,6 @@ builds = [
     ("flat", sol_lab._flat_copy_kernel, u8, dict(PARTS=2), ("src", "dst"), 1, 1),
     ("insert_sol", sol_lab._insert_sol_kernel, ins, dict(BT=16, LOADS=True),
      ("x_ptr", "cache_ptr"), 1, 1),
-    ("score16", prefill_score_lab._score16_kernel, dict(PREFILL_TYPES, ws_ptr="*fp16"),
-     dict(H=4, BLOCK_M=128, NUM_SPLITS=2, DOT="fp16", WINDOW=32, KEEP=16, TOKENS_N=True),
-     ("q_ptr", "ws_ptr"), 4, 2),
 ]
 for name, fn, types, consts, aligned, warps, stages in builds:
     st = sass_stats(_compile(fn, types, consts, aligned, warps, stages, None))
@@ -544,10 +525,8 @@ for name, fn, types, consts, aligned, warps, stages in builds:
 
 
 def test_speed_of_light_lab_kernels_compile_for_sm90():
-    """The GPU-only labs ``sol_lab`` and ``prefill_score_lab`` import on CPU and their
-    kernels compile offline for SM90 (the H200) at the shapes they launch (a subprocess
-    without the interpreter); the fp16-workspace scorer's page loop holds the 16 wgmma of a
-    128 x 128 x 128 tile."""
+    """The GPU-only lab ``sol_lab`` imports on CPU and its kernels compile offline for SM90
+    (the H200) at the shapes they launch (a subprocess without the interpreter)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -558,6 +537,5 @@ def test_speed_of_light_lab_kernels_compile_for_sm90():
         pytest.skip("Triton's bundled ptxas is unavailable")
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = {ln.split()[0]: [int(v) for v in ln.split()[1:]] for ln in proc.stdout.splitlines()}
-    assert set(got) == {"chain", "flat", "insert_sol", "score16"}
+    assert set(got) == {"chain", "flat", "insert_sol"}
     assert all(n > 0 for n, _ in got.values())
-    assert got["score16"][1] == 16

@@ -1,7 +1,8 @@
 """Triton scoring and top-k kernels vs the reference (SPEC 4-7, 9).
 
 Kernels: the decode indexer (``DecodeRunner`` / ``decode_indexer``, NVFP4 pages read in place),
-the prefill indexer (FP8 workspace), ``page_scores``, and the top-k device functions.
+``page_scores``, and the top-k device functions (the prefill indexer:
+``tests/triton/prefill/``).
 
 How the CPU run works: without CUDA this module sets ``TRITON_INTERPRET=1`` before importing
 any ``nvfp4_indexer.triton`` module (Triton reads it when ``@triton.jit`` decorates a function)
@@ -40,14 +41,14 @@ import nvfp4_indexer as ni  # noqa: E402
 from nvfp4_indexer import reference as ref  # noqa: E402
 
 from conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
-from conformance.judges import explain_row, tie_aware_check  # noqa: E402
-from conformance.oracles import local_pages as harness_local_pages  # noqa: E402
+from kernel_cases import (DEV, PAD_STRIDE, Batch, _storage, _to_device,  # noqa: E402
+                          assert_guards, assert_unchanged, check_scores, check_selection,
+                          decode_check, decode_qsl, local_pages, poisoned_out, prefill_batch,
+                          random_q, snapshot)
 
-DEV = "cuda" if HAS_CUDA else "cpu"
-PAD_STRIDE = 9216 + 48  # a page stride with padding bytes (SPEC 2)
-GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)
 _MODULES = ("numerics", "dequantize", "layout", "dot_modes", "ptx", "operands", "topk", "scan",
-            "gather", "scoring", "lut", "decode_wgmma", "decode", "scores", "prefill")
+            "prefill.gather", "scoring", "lut", "decode_wgmma", "decode", "scores",
+            "prefill.prefill", "prefill.launch")
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
@@ -64,7 +65,7 @@ def _kernels():
 
 
 K = _kernels()
-TOPK_MOD, DECODE, SCORES, PREFILL = K["topk"], K["decode"], K["scores"], K["prefill"]
+TOPK_MOD, DECODE, SCORES, PREFILL = K["topk"], K["decode"], K["scores"], K["prefill.launch"]
 from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
 from nvfp4_indexer.triton.device import num_sms  # noqa: E402
 EMPTY = TOPK_MOD.EMPTY
@@ -74,169 +75,6 @@ store_candidates, load_candidates, write_selection = (
     TOPK_MOD.store_candidates, TOPK_MOD.load_candidates, TOPK_MOD.write_selection)
 nvfp4_page_operands = K["operands"].nvfp4_page_operands
 BITS = DECODE.SCORE_ERROR_BITS["fp32" if not HAS_CUDA else K["dot_modes"].DEFAULT_GPU_DOT]
-
-
-# ------------------------------------------------------------------------------- batch builder
-
-def _storage(cache: torch.Tensor) -> torch.Tensor:
-    """Flat uint8 view of the cache's whole storage (padding bytes included)."""
-    flat = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    st = cache.untyped_storage()
-    return flat.set_(st, 0, (st.nbytes(),))
-
-
-def _to_device(cache: torch.Tensor) -> torch.Tensor:
-    """Copy a cache view (page stride kept) to the GPU."""
-    raw = _storage(cache).to(DEV)
-    return raw.as_strided(cache.shape, cache.stride())
-
-
-class Batch:
-    """Paged requests with random page bytes, scattered blocks and poisoned everything-else.
-
-    Page bytes are random: codes uniform, scale bytes uniform in [lo, hi] (valid E4M3, no NaN)
-    so token norms vary over a few binades. ``alias`` ``(request, j_from, j_to)`` points logical
-    page j_to at j_from's physical block (exact ties). Every block that is not a history page
-    of some request is poisoned (codes 0xAB, NaN scales), the page stride's padding bytes are
-    0xFF, and block-table entries at or past a request's history page count hold garbage ids,
-    so a read of anything that is not history shows up as NaN scores or a crash.
-    """
-
-    def __init__(self, seq_lens, seed: int, *, page_stride: int = PAD_STRIDE, spare: int = 3,
-                 alias=(), width_extra: int = 1, scale_range=(0x28, 0x48), device=DEV):
-        g = torch.Generator().manual_seed(seed)
-        self.seq_lens_list = [int(s) for s in seq_lens]
-        hist = [max(s - 1, 0) // 128 for s in self.seq_lens_list]
-        need = [math.ceil(s / 128) for s in self.seq_lens_list]
-        total = sum(need) + spare
-        self.width = max(need + [1]) + width_extra
-        phys = torch.randperm(total, generator=g)
-        choice = torch.randint(0, len(GARBAGE_IDS), (len(need), self.width), generator=g)
-        bt = torch.tensor(GARBAGE_IDS, dtype=torch.int64)[choice]
-        at = 0
-        for r, n in enumerate(need):
-            bt[r, :hist[r]] = phys[at:at + hist[r]]
-            at += n
-        for r, j_from, j_to in alias:
-            bt[r, j_to] = bt[r, j_from]
-        self.cache = ref.new_index_cache(total, device="cpu", page_stride=page_stride)
-        raw = _storage(self.cache)
-        raw.fill_(0xFF)  # padding bytes
-        pages = raw.view(total, page_stride)[:, :9216]
-        pages[:, :8192] = torch.randint(0, 256, (total, 8192), generator=g, dtype=torch.uint8)
-        pages[:, 8192:] = torch.randint(scale_range[0], scale_range[1] + 1, (total, 1024),
-                                        generator=g, dtype=torch.uint8)
-        history = {int(bt[r, j]) for r in range(len(need)) for j in range(hist[r])}
-        for b in range(total):
-            if b not in history:
-                pages[b, :8192] = 0xAB
-                pages[b, 8192:] = 0x7F
-        self.history = hist
-        if device != "cpu":  # keep the page stride: copy the storage, rebuild the view
-            self.cache = _to_device(self.cache)
-        self.block_table = bt.to(torch.int32).to(device)
-        self.seq_lens = torch.tensor(self.seq_lens_list, dtype=torch.int32, device=device)
-
-    def page_bytes(self, block: int) -> torch.Tensor:
-        """Writable uint8 view of physical page ``block``'s 9216 bytes."""
-        flat = _storage(self.cache)
-        s = self.cache.stride(0)
-        return flat[block * s:block * s + 9216]
-
-
-def random_q(rows: int, heads: int, seed: int, device=DEV) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn((rows, heads, 128), generator=g) * 3.0
-    return ref.encode_e4m3(x).to(device)
-
-
-def decode_qsl(b: int, q: int, device=DEV) -> torch.Tensor:
-    return torch.arange(b + 1, dtype=torch.int32, device=device) * q
-
-
-# ---------------------------------------------------------------------------------- checking
-
-def local_pages(seq_lens: torch.Tensor, qsl: torch.Tensor) -> torch.Tensor:
-    """Local page of every row (-1 for padding rows), the harness's ``oracles.local_pages``."""
-    return harness_local_pages(seq_lens.cpu(), qsl.cpu())
-
-
-def check_selection(out, exact, mag, local, bits, aliases=(), rows_request=None):
-    """Assert that ``out [N, H, 16]`` passes the harness's SPEC 5 / 9 judge
-    (``conformance.judges.tie_aware_check``) against exact scores ``exact [N, H, W]`` (float32,
-    -inf off history), magnitudes ``mag [N, H]`` and local pages ``local [N]`` (-1 for padding
-    rows). ``aliases``: (request, u, w) pairs of logical pages with identical bytes (u < w): w
-    never ranks before u. Returns the number of long rows whose selection differs from the
-    reference's (rows that needed the tolerance).
-    """
-    out, local = out.cpu(), local.cpu()
-    tie = tie_aware_check(out, exact.cpu(), mag.cpu(), local, bits)
-    bad = (tie.status == 2).nonzero().tolist()
-    assert not bad, "; ".join(f"row {t} head {hh}: {explain_row(tie, t, hh)}"
-                              for t, hh in bad[:4])
-    long_rows = (local >= 16).nonzero().flatten()
-    # Exact ties from aliased pages (identical bytes score identically): the smaller id first.
-    sel = out[long_rows][..., :15]
-    for r, u, v in aliases:
-        for k, row in enumerate(long_rows.tolist()):
-            if rows_request[row] != r or int(local[row]) <= v:
-                continue
-            for hh in range(out.shape[1]):
-                lst = sel[k, hh].tolist()
-                if v in lst:
-                    assert u in lst and lst.index(u) < lst.index(v), \
-                        f"exact tie {u} < {v} misordered in row {row} head {hh}: {lst}"
-    return int((tie.status[long_rows] != 0).any(-1).sum())
-
-
-def rows_request_of(qsl: torch.Tensor) -> list[int]:
-    q = qsl.tolist()
-    return [r for r in range(len(q) - 1) for _ in range(q[r + 1] - q[r])]
-
-
-def check_scores(got, exact, mag, bits):
-    """Page scores: -inf / NaN exactly where the reference has them, finite within e."""
-    got, exact, mag = got.cpu().double(), exact.cpu().double(), mag.cpu()
-    assert torch.equal(torch.isneginf(got), torch.isneginf(exact)), "-inf positions differ"
-    assert torch.equal(torch.isnan(got), torch.isnan(exact)), "NaN positions differ"
-    fin = torch.isfinite(exact)
-    err = (got - exact).abs()
-    e = (2.0 ** -bits) * mag[..., None].expand_as(got)
-    bad = fin & (err > e)
-    assert not bad.any(), f"score error beyond 2^-{bits} * magnitude at {bad.nonzero()[:4]}"
-    rel = torch.where(fin & (mag[..., None] > 0), err / mag[..., None].clamp(min=1e-300),
-                      torch.zeros_like(err))
-    worst = float(rel.max()) if rel.numel() else 0.0
-    return math.inf if worst == 0 else -math.log2(worst)
-
-
-def decode_check(batch, q, q_len, out, bits, aliases=()):
-    qsl = decode_qsl(batch.seq_lens.shape[0], q_len, q.device)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    return check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), bits, aliases,
-                           rows_request_of(qsl))
-
-
-def snapshot(batch, q):
-    return (_storage(batch.cache).clone(), batch.block_table.clone(), batch.seq_lens.clone(),
-            q.view(torch.uint8).clone())
-
-
-def assert_unchanged(batch, q, snap):
-    assert torch.equal(_storage(batch.cache), snap[0]), "cache modified"
-    assert torch.equal(batch.block_table, snap[1]) and torch.equal(batch.seq_lens, snap[2])
-    assert torch.equal(q.view(torch.uint8), snap[3]), "index_q modified"
-
-
-def poisoned_out(rows: int, heads: int, device=DEV):
-    """A [rows + 2, H, 16] buffer of OUT_POISON and the contiguous [rows, H, 16] view inside it."""
-    big = selection_out(rows + 2, heads, device)
-    return big, big[1:rows + 1]
-
-
-def assert_guards(big):
-    assert (big[0] == OUT_POISON).all() and (big[-1] == OUT_POISON).all(), "wrote outside out"
 
 
 # ----------------------------------------------------------------------- top-k device functions
@@ -489,53 +327,6 @@ def test_decode_score_buffer_and_splits():
     with pytest.raises(ValueError, match="expected index_q"):
         runner.run(q[:2], batch.cache, batch.block_table, batch.seq_lens, out)
 
-
-# ------------------------------------------------------------------------------------ prefill
-
-def prefill_batch(specs, seed, **kw):
-    """``specs``: (q_len, seq_len) per request."""
-    batch = Batch([s for _, s in specs], seed=seed, **kw)
-    qsl = torch.tensor([0] + [sum(q for q, _ in specs[:i + 1]) for i in range(len(specs))],
-                       dtype=torch.int32, device=DEV)
-    return batch, qsl
-
-
-@pytest.mark.parametrize("heads,num_splits,budget,window,block_m",
-                         [(1, None, None, None, None), (2, 1, 40, 4, None), (2, 3, 17, 2, None),
-                          (2, 2, None, 2, 16)])
-def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
-    # Rows straddling page 16 (short and long rows in one block), a one-token request, a
-    # request without history, context-free long prompt; budget 17 forces one request per
-    # chunk for the long ones.
-    specs = [(24, 2060), (1, 1), (3, 2300), (6, 6), (20, 2140)]
-    batch, qsl = prefill_batch(specs, seed=40 + heads, alias=[(2, 1, 4)])
-    t = int(qsl[-1])
-    q = random_q(t, heads, seed=heads)
-    snap = snapshot(batch, q)
-    big, out = poisoned_out(t, heads)
-    if budget is None:
-        budget = ref.max_gather_pages(batch.width * 128, t)
-    cfg = PREFILL.PrefillConfig(num_splits=num_splits, window=window, block_m=block_m)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget,
-                            out, config=cfg)
-    assert_guards(big)
-    assert_unchanged(batch, q, snap)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS, [(2, 1, 4)],
-                    rows_request_of(qsl))
-
-
-@pytest.mark.parametrize("merge_sort", [False, True])
-def test_prefill_merge_selection_matches_reference(monkeypatch, merge_sort):
-    """``heuristics.PREFILL_MERGE_SORT`` on (the default: the merge's bitonic top-16 where a row
-    has 16-64 candidate columns, ``write_selection(SORT=1)``) and off (15 rounds):
-    ``prefill_indexer`` with 3 and 2 splits selects as the reference either way."""
-    monkeypatch.setattr(HZ, "PREFILL_MERGE_SORT", merge_sort)
-    test_prefill_matches_reference(2, 3, 17, 2, None)
-    test_prefill_matches_reference(2, 2, None, 2, 16)
-
-
 def test_merge_config_rows_per_program():
     """``heuristics.merge_config``: where the merge sorts (``merge_sorts``: 16-64 columns)
     one warp holds ``MERGE_SORT_KEYS_PER_WARP`` keys; the rounds keep one row per program.
@@ -547,52 +338,6 @@ def test_merge_config_rows_per_program():
     assert HZ.merge_config(2, 4, sort=True) == (1, 1)  # 8 columns: the rounds
     assert HZ.merge_config(2, 16) == (1, 1)
     assert not HZ.merge_sorts(HZ.MERGE_SORT_MAX_COLUMNS * 2, True)
-
-
-def test_prefill_api_and_nan_page():
-    batch, qsl = prefill_batch([(4, 2200), (2, 130)], seed=51)
-    batch.page_bytes(int(batch.block_table[0, 5]))[8192:] = 0x7F
-    q = random_q(6, 1, seed=7)
-    out = ni.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
-                             backend="triton")
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    assert torch.isnan(exact[:4, :, 5]).all()
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-    assert (out[:4, 0, :15] != 5).all(), "the NaN page must be the one left out (L = 17)"
-    # tuning overrides are checked before anything runs (a bad one never leaves out unwritten)
-    for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3},
-               {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0},
-               {"block_m": True}, {"num_warps": 4.0}, {"num_stages": True},
-               {"window": 64, "block_m": 128}, {"tokens_on_n": 1},
-               {"gather": "no"}):
-        with pytest.raises(ValueError, match=next(iter(kw))):
-            PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
-                                    64, out, config=PREFILL.PrefillConfig(**kw))
-
-
-@pytest.mark.parametrize("tokens_on_n", [None, False, True])
-def test_prefill_partial_nan_page(tokens_on_n):
-    """SPEC 4 in both MMA orientations: a page whose first 40 tokens have NaN scales scores the
-    max of its other tokens (and is selected where that ranks it), a page of NaN tokens only is
-    NaN and left out."""
-    batch, qsl = prefill_batch([(4, 2200), (2, 130)], seed=52)
-    batch.page_bytes(int(batch.block_table[0, 3]))[8192:8192 + 8 * 40] = 0x7F
-    batch.page_bytes(int(batch.block_table[0, 5]))[8192:] = 0x7F
-    q = random_q(6, 1, seed=9)
-    big, out = poisoned_out(6, 1)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, 64, out,
-                            config=PREFILL.PrefillConfig(tokens_on_n=tokens_on_n))
-    assert_guards(big)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    assert torch.isfinite(exact[:4, :, 3]).all() and torch.isnan(exact[:4, :, 5]).all()
-    # the test can fail: page 3 ranks inside some row's top 15 of its 17 history pages
-    ranks = (exact[:4, 0, :17].nan_to_num(float("-inf")) > exact[:4, 0, 3:4]).sum(-1)
-    assert (ranks < 15).any()
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-    assert (out[:4, 0, :15] != 5).all()
-    assert ((out[:4, 0, :15] == 3).any(-1) == (ranks < 15)).all()
 
 
 # ---------------------------------------------------------------------------------- page scores
@@ -760,31 +505,6 @@ def test_gpu_dot_modes(dot):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("specs,budget", [
-    ([(1024, 32768 + 1024)], None),
-    ([(1024, 1024)] * 2 + [(2048, 34816), (512, 131072 + 512)], None),
-    ([(4096, 4096), (1024, 33792), (256, 20000)], 300),  # several chunks
-])
-@pytest.mark.parametrize("tokens_on_n", [None, False])
-def test_gpu_prefill_realistic(specs, budget, tokens_on_n):
-    heads = 4
-    batch, qsl = prefill_batch(specs, seed=len(specs), page_stride=9216)
-    t = int(qsl[-1])
-    q = random_q(t, heads, seed=t)
-    big, out = poisoned_out(t, heads)
-    if budget is None:
-        budget = ref.max_gather_pages(batch.width * 128, t)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget, out,
-                            config=PREFILL.PrefillConfig(tokens_on_n=tokens_on_n))
-    torch.cuda.synchronize()
-    assert_guards(big)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-
-
-@pytest.mark.gpu
-@gpu
 def test_gpu_page_scores_realistic():
     batch = Batch([70000, 0, 5000, 129], seed=101)
     qsl = torch.tensor([0, 8, 9, 200, 204], dtype=torch.int32, device=DEV)
@@ -794,85 +514,3 @@ def test_gpu_page_scores_realistic():
                                  with_magnitude=True)
     check_scores(got, exact, mag, BITS)
 
-
-def test_prefill_stages_rule():
-    """The prefill score kernel's default pipeline depth (``prefill_launch``'s ``stages``):
-    3 stages from ``PREFILL_DEEP_PIPELINE_PAGES`` pages per split (the longest split), 2
-    below and for chunks whose rows are all short; an explicit ``num_splits`` moves it."""
-    deep = HZ.PREFILL_DEEP_PIPELINE_PAGES
-    assert HZ.prefill_launch(4, 0, 128, 132)["stages"] == 2  # every row short: no pages
-    assert HZ.prefill_launch(4, deep, 128, 132, num_splits=1)["stages"] == 3
-    assert HZ.prefill_launch(4, deep - 1, 128, 132, num_splits=1)["stages"] == 2
-    assert HZ.prefill_launch(4, 2 * deep, 128, 132, num_splits=2)["stages"] == 3
-    assert HZ.prefill_launch(4, 2 * deep, 128, 132, num_splits=3)["stages"] == 2
-    # the benchmark's shapes: 16K x 128K (512 blocks) deep, 1K x 128K (32 blocks) shallow
-    assert HZ.prefill_launch(512, 1151, 128, 132)["stages"] == 3
-    assert HZ.prefill_launch(32, 1031, 128, 132)["stages"] == 2
-
-
-@pytest.mark.parametrize("num_splits,keep", [(2, 16), (3, 8), (4, 16), (2, 4), (16, 16)])
-@pytest.mark.parametrize("seq_len", [5 * 128 + 7, 40 * 128 + 9])
-def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
-    """The prefill merge kernel's bitonic top-16 selection (``SORT=1``,
-    ``topk.write_selection(SORT=1)``) writes exactly what the 15 rounds of max-and-remove
-    write (``SORT=0``): distinct random keys with EMPTY slots (a row with fewer than 15 real
-    candidates included), padded split columns (3 splits), rows short (L <= 15: the rounds
-    skipped) or long, and the fallback to the rounds below 16 and above 64 columns (2 x 4,
-    16 x 16), at one row per program, at ``merge_config``'s rows and at 32 rows (more than
-    BLOCK_M); rows past the request stay poisoned (SPEC 5, 10)."""
-    from nvfp4_indexer.triton.topk import EMPTY
-    H, block_m, tokens = 4, 16, 7
-    rows = tokens * H
-    nb = -(-rows // block_m)
-    gen = torch.Generator().manual_seed(num_splits * 100 + keep + seq_len)
-    n = nb * block_m * num_splits * keep
-    ids = torch.randperm(2 ** 20, generator=gen)[:n].to(torch.int64)
-    scores = torch.randint(-2 ** 31, 2 ** 31, (n,), generator=gen, dtype=torch.int64)
-    cand = (scores << 32) | (0xFFFFFFFF - ids)  # distinct: the ids differ
-    cand[torch.rand(n, generator=gen) < 0.2] = int(EMPTY.value)
-    cand.view(nb * block_m, -1)[3, 2:] = int(EMPTY.value)  # row 3: two real candidates
-    qsl = torch.tensor([0, tokens], dtype=torch.int32)
-    seq = torch.tensor([seq_len], dtype=torch.int32)
-    blk = torch.tensor([0] * nb + [i * block_m for i in range(nb)], dtype=torch.int32)
-    outs = []
-    # (SORT, rows per program): one row, merge_config's rows, and 32 rows (> BLOCK_M)
-    for sort, rows_pp in ((0, 1), (1, 1), (1, HZ.merge_config(num_splits, keep, sort=True)[0]),
-                          (1, 32)):
-        out = torch.full((tokens + 2, H, 16), -99, dtype=torch.int32)
-        PREFILL._prefill_merge_kernel[(nb, -(-block_m // rows_pp))](
-            cand.to(DEV), qsl.to(DEV), seq.to(DEV), seq.to(DEV), blk.to(DEV), nb,
-            out_dev := out.to(DEV), H=H, BLOCK_M=block_m, NUM_SPLITS=num_splits,
-            SPLITS_PAD=HZ.next_pow2(num_splits), ROWS=rows_pp, KEEP=keep, SORT=sort)
-        outs.append(out_dev.cpu())
-    for got in outs[1:]:
-        assert torch.equal(got, outs[0])
-    assert bool((outs[1][tokens:] == -99).all()) and bool((outs[1][:tokens] != -99).all())
-    if seq_len > 16 * 128:  # long rows: the 15 best of each row's candidates, in order
-        keys = cand.view(nb * block_m, -1)
-        for r in (0, 3, rows - 1):
-            live = keys[r][keys[r] != int(EMPTY.value)]
-            best = live.sort(descending=True).values[:15]
-            want = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(torch.int32)
-            got = outs[1][r // H, r % H, :len(want)]
-            assert torch.equal(got, want), r
-
-
-@pytest.mark.parametrize("shape", [(1, 2, 16), (2, 4, 8), (1, 16, 16)])
-def test_merge_lab_inputs_and_launch(shape):
-    """``benchmarks.labs.merge_lab``'s inputs and launch (what the GPU lab times) under the
-    interpreter at a small BLOCK_M: SORT 0 and 1 write every row, identically, and each long
-    row's 15 picks are the best of its candidates in order."""
-    from benchmarks.labs.merge_lab import launch_merge, merge_inputs, parse_shape
-    nb, ns, keep = shape
-    outs = []
-    for sort in (0, 1):
-        inp = merge_inputs(nb, ns, keep, DEV, block_m=16, seed=5)
-        launch_merge(inp, sort)
-        outs.append(inp["out"].cpu())
-    assert torch.equal(outs[0], outs[1]) and bool((outs[0] != -99).all())
-    keys = inp["cand"].cpu().view(nb * 16, -1)
-    live = keys[0][keys[0] != -(2 ** 63)].sort(descending=True).values[:15]
-    assert torch.equal(outs[1][0, 0, :15], (0xFFFFFFFF - (live & 0xFFFFFFFF)).to(torch.int32))
-    assert parse_shape("128:2:16") == (128, 2, 16)
-    with pytest.raises(Exception):
-        parse_shape("128:2:3")

@@ -9,14 +9,15 @@ used; every launcher is imported here explicitly, so grep and IDEs see who calls
 - ``dequantize``: ``dequantize_nvfp4`` (SPEC 1.4).
 - ``insert``: fused RMSNorm + RoPE + quantize + paged write, ``insert_index_k`` (SPEC 3).
 - ``query``: fused RMSNorm + RoPE + E4M3 encode of index queries, ``prepare_index_q`` (SPEC 3).
-- ``gather``: history pages -> FP8 workspace, ``gather_index_k_fp8`` / ``gather_into`` (SPEC 7).
 - ``scores``: ``page_scores`` (SPEC 4).
 - ``decode``: ``DecodeRunner`` / ``decode_indexer`` (SPEC 5, 6); ``decode_wgmma`` its
   page-score modes; ``context_parallel``: ``ContextParallelRunner`` (SPEC 8.2).
-- ``prefill``: ``prefill_indexer`` (SPEC 5, 7).
+- ``prefill``: ``prefill_indexer`` (SPEC 5, 7) and the gather of history pages into the FP8
+  workspace, ``gather_index_k_fp8`` / ``gather_into`` (SPEC 7); its rules in
+  ``prefill.dispatch``.
 - ``config``: the launchers' tuning configs (``DecodeConfig``, ``PrefillConfig``,
   ``GatherConfig``, ``InsertConfig``); ``heuristics``: the host rules that pick launch
-  shapes (SM count, splits, windows, scratch sizes, row blocks).
+  shapes (splits, windows, scratch sizes).
 
 Kernels run on Hopper (SM90) and Blackwell GPUs and, for tests, on CPU tensors under the Triton
 interpreter. ``TRITON_INTERPRET=1`` must be in the environment *before* this package is first
@@ -35,9 +36,8 @@ from .context_parallel import ContextParallelRunner
 from .decode import DecodeRunner, decode_indexer, score_buffer_size
 from .dequantize import dequantize_nvfp4
 from .encode import encode_e4m3
-from .gather import gather_index_k_fp8, gather_into
 from .insert import insert_index_k
-from .prefill import prefill_indexer
+from .prefill import gather_index_k_fp8, gather_into, prefill_indexer
 from .quantize import quantize_nvfp4, write_index_k
 from .query import prepare_index_q
 from .scores import page_scores
