@@ -1,4 +1,4 @@
-"""Gather suite: ``nvfp4_indexer.triton.gather.gather_into`` captured in CUDA graphs over
+"""Gather suite: ``nvfp4_indexer.triton.prefill.gather.gather_into`` captured in CUDA graphs over
 rotated block tables, each slot with its own workspace, and the public ``gather_index_k_fp8``
 eagerly (``api_us``) (``suites`` runs it)."""
 
@@ -61,24 +61,18 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
     wss = [torch.empty((total, PAGE_SIZE, wl.HEAD_DIM), dtype=torch.float8_e4m3fn,
                        device=dev) for _ in range(slots)]
     wss[0].view(torch.uint8).fill_(0x5A)  # poison: every byte must be written
-    alt = None  # the other gather kernel (persistent or not), timed beside the default
     if ctx.fast_backend == "triton":
-        from nvfp4_indexer.triton import GatherConfig
-        from nvfp4_indexer.triton import gather as tg
+        from nvfp4_indexer.triton.prefill import gather as tg
         tun = tg.resolve_tuning(dev)
-        rec["path"] = "nvfp4_indexer.triton.gather.gather_into"
+        rec["path"] = "nvfp4_indexer.triton.prefill.gather.gather_into"
         rec["tuning"] = {"dequant": tun.dequant, "tok_block": tun.tok_block,
                          "num_warps": tun.num_warps, "page_parts": tun.page_parts,
-                         "streaming": tun.streaming, "persistent": tun.persistent,
+                         "streaming": tun.streaming,
                          "pages_per_program": tun.pages_for(len(sl), max_pages, width, dev)}
-        if tun.persistent:
-            rec["tuning"]["programs_per_sm"] = tun.programs_per_sm
-        alt = GatherConfig(persistent=not tun.persistent)
 
-        def fast(i, out=None, config=None):
+        def fast(i, out=None):
             tg.gather_into(cache, tables[i], counts[i], offsets[i],
-                           wss[i] if out is None else out, max_pages, lengths_are_seq_lens=False,
-                           config=config)
+                           wss[i] if out is None else out, max_pages, lengths_are_seq_lens=False)
     else:
         rec["path"] = "gather_index_k_fp8(backend='reference')"
 
@@ -106,31 +100,9 @@ def gather_case(ctx: Context, case: wl.PrefillCase) -> dict:
         rec["graph_replay_equals_eager"] = bool(torch.equal(check.view(torch.uint8),
                                                             wss[-1].view(torch.uint8)))
         del check
-    if alt is not None and t.method == "cuda-graph":
-        rec["alt"] = _time_alt(ctx, fast, wss, slots, alt, tr.bytes_moved)
     wss.clear()  # free the workspaces before the API timing
     api = ctx.time_uncapturable([lambda bt=bt: ni.gather_index_k_fp8(
         cache, bt, seq, backend=ctx.fast_backend) for bt in tables], max_samples=5)
     rec["api_us"] = api.us
     rec["api_timing"] = api.as_dict()
     return finish(ctx, rec, t, tr.bytes_moved, 0, written_bytes("gather", tr.parts))
-
-
-def _time_alt(ctx: Context, fast, wss, slots: int, config, nbytes: int) -> dict:
-    """The gather with ``config`` (the other kernel, ``GatherConfig.persistent`` flipped) in
-    CUDA graphs over the same slots: its time, GB/s, share of copy and whether it wrote the
-    default's bytes (slot 0, into a poisoned workspace)."""
-    from nvfp4_indexer.triton import gather as tg
-    want = wss[0].view(torch.uint8).clone()
-    wss[0].view(torch.uint8).fill_(0x5A)
-    fast(0, config=config)
-    sync(ctx.device)
-    same = bool(torch.equal(wss[0].view(torch.uint8), want))
-    del want
-    t = ctx.time_capturable([lambda i=i: fast(i, config=config) for i in range(slots)])
-    tun = tg.resolve_tuning(ctx.device, config=config)
-    gbps = nbytes / (t.us * 1e-6) / 1e9
-    return {"persistent": tun.persistent, "programs_per_sm": tun.programs_per_sm,
-            "tok_block": tun.tok_block, "us": t.us, "gbps": gbps,
-            "copy_ratio": gbps / ctx.copy_gbps if ctx.copy_gbps else None,
-            "equal_default": same, "method": t.method}

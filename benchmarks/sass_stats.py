@@ -36,8 +36,7 @@ DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_
 PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
                      caps_ptr="*i32", blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64",
-                     win_ptr="*fp32", out_ptr="*i32", cache_ptr="*u8", page_stride="i32",
-                     bt_ptr="*i32", bt_row_stride="i32", tbl_ptr="*i64", cache_blocks="i32")
+                     win_ptr="*fp32", out_ptr="*i32")
 
 
 def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int,
@@ -75,10 +74,10 @@ def compile_decode(*, q_len=8, heads=4, block_m=32, num_splits=4, dot="fp16", de
 def compile_prefill(*, heads=4, block_m=128, num_splits=2, dot="fp16", window=32, keep=16,
                     num_warps=4, num_stages=2, maxnreg=None, tokens_on_n=True):
     """The prefill score kernel for SM90 (a ``triton.compile`` result)."""
-    from nvfp4_indexer.triton.prefill import _prefill_score_kernel
+    from nvfp4_indexer.triton.prefill.prefill import prefill_score_kernel
     consts = dict(H=heads, BLOCK_M=block_m, NUM_SPLITS=num_splits, DOT=dot, WINDOW=window,
                   KEEP=keep, TOKENS_N=tokens_on_n)
-    return _compile(_prefill_score_kernel, PREFILL_TYPES, consts, ("q_ptr", "ws_ptr"),
+    return _compile(prefill_score_kernel, PREFILL_TYPES, consts, ("q_ptr", "ws_ptr"),
                     num_warps, num_stages, maxnreg)
 
 
@@ -94,10 +93,10 @@ def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1, st
                    pages=1):
     """The gather kernel for SM90 with the given launch options (``pages``: PAGES, pages
     per program)."""
-    from nvfp4_indexer.triton.gather import _gather_kernel
+    from nvfp4_indexer.triton.prefill.gather import gather_kernel
     consts = dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=tok_block, DEQUANT=dequant,
                   PAGE_PARTS=page_parts, STREAM=streaming, PAGES=pages)
-    return _compile(_gather_kernel, GATHER_TYPES, consts,
+    return _compile(gather_kernel, GATHER_TYPES, consts,
                     ("cache_ptr", "page_stride", "ws_ptr"), num_warps, 1, None)
 
 
@@ -167,29 +166,20 @@ def compile_wgflat(*, q_len=8, heads=4, num_reqs=128, maxnreg=None, stages=None,
                     gluon=True)
 
 
-def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, sol=0, direct=False,
-                          conv="lut", fp8=False):
-    """The Gluon prefill score kernel (``triton.prefill_wgmma``) for SM90, specialized as
-    ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128); ``direct``:
-    ``prefill_wgmma_direct_kernel`` (pages read from the cache; aligned cache); ``fp8``: its
-    E4M3-operand form (dot "fp8")."""
-    from nvfp4_indexer.triton.prefill_wgmma import (NUM_BUFFERS, launch_options,
-                                                    prefill_wgmma_direct_kernel,
-                                                    prefill_wgmma_kernel)
-    fn = prefill_wgmma_direct_kernel if direct else prefill_wgmma_kernel
+def compile_prefill_wgmma(*, heads=4, num_splits=4, nb=None, fp8=False):
+    """The Gluon prefill score kernel (``triton.prefill.prefill_wgmma``) for SM90, specialized
+    as ``prefill_indexer`` launches it (aligned query and workspace, BLOCK_M 128); ``nb``: its
+    ring buffers (default ``NUM_BUFFERS``); ``fp8``: its E4M3-operand form (dot "fp8")."""
+    from nvfp4_indexer.triton.prefill.prefill_wgmma import (NUM_BUFFERS, launch_options,
+                                                            prefill_wgmma_kernel)
+    fn = prefill_wgmma_kernel
     opts = dict(launch_options(fp8))
     num_warps = opts.pop("num_warps")
-    consts = dict(H=heads, BLOCK_M=128, NUM_SPLITS=num_splits, SOL=sol,
+    consts = dict(H=heads, BLOCK_M=128, NUM_SPLITS=num_splits,
                   NB=NUM_BUFFERS if nb is None else nb, **opts)
-    if direct:
-        if fp8:
-            raise ValueError("compile_prefill_wgmma: the direct kernel has no FP8 form")
-        consts["CONV"] = conv
-    else:
-        consts["WS16"] = 0
-        consts.setdefault("FP8", 0)
-    return _compile(fn, PREFILL_TYPES, consts, ("q_ptr", "cache_ptr" if direct else "ws_ptr"),
-                    num_warps, None, None, gluon=True)
+    consts.setdefault("FP8", 0)
+    return _compile(fn, PREFILL_TYPES, consts, ("q_ptr", "ws_ptr"), num_warps, None, None,
+                    gluon=True)
 
 
 def prefill_wgmma_report() -> list[str]:
@@ -197,10 +187,8 @@ def prefill_wgmma_report() -> list[str]:
     ``setmaxnreg``), spills and the consumers' page loop (two pages per iteration) of the Gluon
     prefill score kernel, per variant."""
     lines = []
-    for ns, nb, sol, direct, fp8 in ((4, None, 0, False, False), (1, None, 0, False, False),
-                                     (4, 3, 0, False, False), (4, None, 1, False, False),
-                                     (4, None, 0, True, False), (4, None, 0, False, True)):
-        k = compile_prefill_wgmma(num_splits=ns, nb=nb, sol=sol, direct=direct, fp8=fp8)
+    for ns, nb, fp8 in ((4, None, False), (1, None, False), (4, 3, False), (4, None, True)):
+        k = compile_prefill_wgmma(num_splits=ns, nb=nb, fp8=fp8)
         st = sass_stats(k)
         steps = 8 if fp8 else 16  # two pages' wgmma k-steps (K = 32 / 16 per instruction)
         inner = [(n, sp) for (n, hg), sp in zip(st["loops"], st["loop_spills"]) if hg == steps]
@@ -211,7 +199,6 @@ def prefill_wgmma_report() -> list[str]:
         regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
                                                    ptx)})
         lines.append(f"prefill_wgmma NUM_SPLITS {ns} NB {nb or 'default'}"
-                     f"{' SOL (no top-k)' if sol else ''}{' direct' if direct else ''}"
                      f"{' FP8' if fp8 else ''}: "
                      f"{'wgmma SERIALIZED (C7514), ' if wgmma_serialized(k) else ''}"
                      f"{st['registers']} registers at launch "
@@ -358,12 +345,12 @@ def merge_report() -> list[str]:
     one for the 15 rounds of max-and-remove (SORT 0), several for the bitonic top-16 (SORT
     1)), per split count."""
     from nvfp4_indexer.triton import heuristics as hz
-    from nvfp4_indexer.triton.prefill import _prefill_merge_kernel
+    from nvfp4_indexer.triton.prefill.prefill import prefill_merge_kernel
     lines = []
     for ns, keep in ((2, 16), (4, 16), (16, 16), (33, 16), (2, 8)):
         for sort in (0, 1):
             rows, warps = hz.merge_config(ns, keep, sort=bool(sort))
-            k = _compile(_prefill_merge_kernel, PMERGE_TYPES,
+            k = _compile(prefill_merge_kernel, PMERGE_TYPES,
                          dict(H=4, BLOCK_M=128, NUM_SPLITS=ns, SPLITS_PAD=hz.next_pow2(ns),
                               ROWS=rows, KEEP=keep, SORT=sort), ("cand_ptr", "out_ptr"),
                          warps, 1, None)

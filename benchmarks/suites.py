@@ -10,7 +10,7 @@ Paths timed (GPU):
   API call (validation included) is timed too (``api_us``), and the same requests as one
   prefill-only ``Indexer`` step (``plan`` outside, ``forward`` eager after a flush:
   ``indexer_us``; the planned forward replayed from a CUDA graph: ``indexer_kernels_us``).
-- gather: the kernel launcher ``nvfp4_indexer.triton.gather.gather_into`` captured in CUDA
+- gather: the kernel launcher ``nvfp4_indexer.triton.prefill.gather.gather_into`` captured in CUDA
   graphs over rotated block tables, each slot with its own workspace; the public
   ``gather_index_k_fp8`` (which sizes the workspace with a host sync) eagerly (``api_us``).
 - insert: ``nvfp4_indexer.triton.insert.insert_index_k`` captured in CUDA graphs over rotated

@@ -620,14 +620,11 @@ def _runner_config(allow_fp8_mma: bool, device: torch.device, backend: str):
 
 
 def _prefill_config(allow_fp8_mma: bool, device: torch.device):
-    """``prefill_indexer``'s Triton ``PrefillConfig``: ``dot="fp8"`` when ``allow_fp8_mma``
-    where the Gluon prefill kernel's FP8 form runs (``heuristics.prefill_wgmma_ok``: CUDA SM90
-    with Gluon, not the interpreter), else None (the defaults)."""
+    """``prefill_indexer``'s Triton ``PrefillConfig``: ``triton.prefill.fp8_config`` (``dot=
+    "fp8"`` when ``allow_fp8_mma`` where the Gluon prefill kernel's FP8 form runs), else None."""
     if not allow_fp8_mma:
         return None
-    kernels = _kernels()
-    from .triton.heuristics import prefill_wgmma_ok
-    return kernels.PrefillConfig(dot="fp8") if prefill_wgmma_ok(device, "fp8", True) else None
+    return _kernels().prefill.fp8_config(device, allow_fp8_mma)
 
 
 def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,

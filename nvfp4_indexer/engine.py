@@ -52,10 +52,8 @@ reference backend clamps in ``plan``), so no row reads past the pages ``plan`` s
 
 from __future__ import annotations
 
-import functools
 import itertools
 import weakref
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,22 +65,17 @@ from .api import DecodeIndexerWrapper, _kernels, max_gather_pages
 from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_BYTES, PAGE_SIZE, TOPK
 from .copy_graphs import CopyGraphs
 from .reference.paging import history_page_count, local_pages
+from .reference.prefill import plan_chunks
 
 __all__ = ["IndexerConfig", "StepMetadata", "IndexerMetadata", "Indexer", "PrefillChunk",
            "plan_prefill_chunks"]
 
 # Rows a Triton decode program holds per request (``decode.dispatch.MAX_ROWS``): Q * H <= 64.
 MAX_DECODE_ROWS = 64
-SHORT_MAX_LOCAL = TOPK - 1  # rows with L <= 15 select by formula (SPEC 5): their pages are not needed
 _NUM_STAGING = 2  # alternating staging slots
 _INT32_MAX = 2 ** 31 - 1
-_MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per gather launch (triton.gather)
 # Up to this many requests, host loops over Python ints beat numpy's per-call cost (~1-3 us)
 _SCALAR_MAX = 16
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _min_max(a: np.ndarray) -> tuple[int, int]:
@@ -201,7 +194,7 @@ class IndexerConfig:
     @property
     def max_pages(self) -> int:
         """Block-table entries the longest request uses, ceil(max_model_len / 128)."""
-        return _cdiv(self.max_model_len, PAGE_SIZE)
+        return -(-self.max_model_len // PAGE_SIZE)
 
     @property
     def max_decode_reqs(self) -> int:
@@ -305,12 +298,14 @@ def plan_prefill_chunks(query_start_loc: list[int], seq_lens: list[int], budget:
     Raises:
         ValueError: a request needs more than ``budget`` pages (names ``max_gather_pages``).
     """
-    from .reference.prefill import plan_chunks
     hist = [history_page_count(s) for s in seq_lens]
+    if skip_short:
+        from .triton.prefill.dispatch import gather_pages_needed
+        need = gather_pages_needed(seq_lens)
     q0 = query_start_loc[0] if query_start_loc else 0
     chunks = []
     for a, b in plan_chunks(hist, budget):
-        gathered = [n if (n > SHORT_MAX_LOCAL or not skip_short) else 0 for n in hist[a:b]]
+        gathered = need[a:b] if skip_short else hist[a:b]
         offsets = [0]
         for n in gathered:
             offsets.append(offsets[-1] + n)
@@ -585,7 +580,8 @@ class Indexer:
         self._latest: IndexerMetadata | None = None  # what forward accepts
         self.max_decode_reqs = c.max_decode_reqs
         # row blocks of one step: each request's rows in blocks of >= 16 rows
-        max_blocks = c.max_num_seqs + _cdiv(c.max_num_batched_tokens * c.num_heads, 16)
+        # (``triton.heuristics.MIN_BLOCK_M``), one partial block per request
+        max_blocks = c.max_num_seqs + -(-(c.max_num_batched_tokens * c.num_heads) // 16)
         self._bytes = self._buffer_bytes(max_blocks)  # refuses what cannot fit, allocates none
         alloc = self._allocate
         self.workspace = alloc("workspace", lambda: torch.empty(
@@ -619,49 +615,16 @@ class Indexer:
             self._setup_triton()
 
     def _setup_triton(self) -> None:
-        """What every prefill launch shares, resolved once: dot mode, gather tuning (as
-        ``triton.gather.gather_into`` resolves it), the kernels, the workspace's byte view,
-        whether Gluon chunks may read the cache directly (``heuristics.PREFILL_DIRECT``,
-        read here: set it before constructing the Indexer) with the lookup table they use, and
-        the merge's selection (``heuristics.PREFILL_MERGE_SORT``, read here too)."""
-        from .triton.dot_modes import resolve_dot
-        from .triton.gather import _gather_kernel, resolve_tuning
-        from .triton.heuristics import TOKENS_ON_N_DOTS
-        from .triton.device import num_sms
-        from .triton.prefill import _prefill_merge_kernel, _prefill_score_kernel
+        """What every prefill launch shares, resolved once: the chunks' settings (as
+        ``prefill_indexer`` resolves them with the same ``allow_fp8_mma``), the gather
+        launcher (page counts), the workspace's byte view and the SM count."""
+        from .triton.device import device_guard, num_sms
+        from .triton.prefill import fp8_config, gather_launcher, resolve_prefill
         dev = self.device
         self._num_sms = num_sms(dev)
-        from .triton.heuristics import prefill_wgmma_ok
-        self._dot = resolve_dot(None, dev)
-        self._tokens_n = self._dot in TOKENS_ON_N_DOTS
-        # allow_fp8_mma: Gluon chunks in the kernel's E4M3 form (SPEC 9 b = 5), the others
-        # exact, as prefill_indexer(allow_fp8_mma=True) launches them
-        self._gluon_fp8 = self.config.allow_fp8_mma and prefill_wgmma_ok(dev, "fp8", True)
-        # the grid kernel's fields (the persistent kernel is not launched here)
-        tun = resolve_tuning(dev)
-        base = dict(FROM_SEQ_LENS=False, PORTABLE=tun.portable, TOK_BLOCK=tun.tok_block,
-                    PAGE_PARTS=tun.page_parts, STREAM=tun.streaming, num_warps=tun.num_warps)
-        # eager launches with little host work (triton.launcher), per PAGES;
-        # "ptx" reads uint16 code pairs: a cache not 2-byte aligned takes the byte path
-        from .triton.launcher import CachedLaunch
-        self._gather = {p: CachedLaunch(_gather_kernel, **base, PAGES=p, DEQUANT=tun.dequant)
-                        for p in (1, 2)}
-        self._gather_bytes = {p: CachedLaunch(_gather_kernel, **base, PAGES=p,
-                                              DEQUANT="triton") for p in (1, 2)}
-        self._gather_tuning = tun
-        self._kernels = (_prefill_score_kernel, _prefill_merge_kernel)
-        self._wgmma = prefill_wgmma_ok(dev, self._dot, self._tokens_n)  # the Gluon scorer
-        from .triton.heuristics import PREFILL_DIRECT, PREFILL_MERGE_SORT
-        self._merge_sort = int(PREFILL_MERGE_SORT)  # templates are cached: fixed per Indexer
-        # its chunks may read the cache directly (no gather) when the cache allows it
-        self._direct = self._wgmma and PREFILL_DIRECT and not self._gluon_fp8
-        if self._direct:
-            from .triton.decode.lut import device_table
-            self._lut = device_table(dev)
-        from .triton.config import PrefillConfig
-        self._score_warps = PrefillConfig().num_warps  # prefill_indexer's default launch
+        self._settings = resolve_prefill(dev, fp8_config(dev, self.config.allow_fp8_mma))
+        self._gather = gather_launcher(dev, lengths_are_seq_lens=False)
         self._ws8 = self.workspace.view(torch.uint8)
-        from .triton.device import device_guard
         self._device_guard = device_guard
         self._score_elems = self.score_buffer.numel()
 
@@ -671,7 +634,7 @@ class Indexer:
         """float32 elements of the shared scratch: the largest decode runner's need over every
         (B, Q) this config can plan, and a full prefill chunk's (Triton only; by the Triton
         kernel's rule: a Gluon chunk of few row blocks may want up to ~2x that and is planned
-        with fewer splits where it does not fit, ``_prefill_launch``'s ``cap``)."""
+        with fewer splits where it does not fit, ``plan_prefill_chunk``'s ``cap``)."""
         c = self.config
         if self.backend != "triton":
             return 2
@@ -683,9 +646,9 @@ class Indexer:
                                             config=cfg, device=c.device)
                   for q in range(1, c.max_decode_query_len + 1)
                   for b in range(1, self.max_decode_reqs + 1))
-        blocks = _cdiv(c.max_num_batched_tokens * c.num_heads, 128)
-        pre = kernels.heuristics.prefill_launch(blocks, max(c.max_pages - 1, 0), 128,
-                                                sms)["scratch"]
+        blocks = -(-(c.max_num_batched_tokens * c.num_heads) // 128)
+        pre = kernels.prefill.dispatch.prefill_launch(blocks, max(c.max_pages - 1, 0), 128,
+                                                      sms)["scratch"]
         return max(dec, pre, 2)
 
     def _buffer_bytes(self, max_blocks: int) -> dict[str, int]:
@@ -1062,7 +1025,7 @@ class Indexer:
         n_pre = len(ps)
         # seq_len >= q_len >= 1 (checked): history pages of the last query
         hist = [(x - 1) // PAGE_SIZE for x in ps]
-        bounds = _chunk_bounds(hist, self._budget)
+        bounds = plan_chunks(hist, self._budget)
         p0 = pq[0]
         if self.backend != "triton":  # the reference reads device values (it may sync)
             chunks = []
@@ -1077,7 +1040,8 @@ class Indexer:
                           "block_table": bt_all[a:b]}
                 chunks.append(ch)
             return chunks
-        from .triton.heuristics import prefill_block_m
+        from .triton.heuristics import SHORT_MAX_LOCAL
+        from .triton.prefill.dispatch import prefill_block_m
         h = self.config.num_heads
         st = self._staging[self._slot]
         host = st.host_np
@@ -1123,9 +1087,9 @@ class Indexer:
         # the score / merge kernels read min(device seq len, staged host copy): no row reads
         # past the planned pages, and no clamp op here (host time)
         caps = st.caps(n_pre)
-        bt_stride, width = bt_all.stride()[0], bt_all.shape[1]
+        width = bt_all.shape[1]
         ws8, qsl_d = self._ws8, st.qsl
-        gtun = self._gather_tuning
+        gather = self._gather
         chunks = []
         for k, (a, b, nb, gathered, offs, _, _, _, tpl, bo) in enumerate(plans):
             n = b - a
@@ -1137,29 +1101,13 @@ class Indexer:
                 bt = bt_all[a:]
             total = offs[-1]
             max_gather = max(gathered)
-            gather = []  # (grid, (block table, its row stride, pages, ws offsets))
-            gpages = 1
-            if total:
-                gpages = gtun.pages_for(n, max_gather, width, None, self._num_sms)
-                x = _cdiv(max_gather, gpages) * gtun.page_parts
-                gather.append(((x, min(n, _MAX_GRID_Y)), (bt, bt_stride, pages, ws_off)))
-                for r0 in range(_MAX_GRID_Y, n, _MAX_GRID_Y):  # CUDA's grid y limit
-                    gather.append(((x, min(n, r0 + _MAX_GRID_Y) - r0),
-                                   (bt[r0:], bt_stride, pages[r0:], ws_off[r0:])))
-            static, score, merge, cand, win, direct = tpl
+            gpages, launches = gather.plan(n, bt, pages, ws_off, max_gather, width, None,
+                                           self._num_sms) if total else (1, [])
+            plan, cand, win = tpl
             # the score kernel reads ws offsets at (request - a): blocks name step requests
-            launch = static.copy()
-            launch.update(max_gather=max_gather, gather=gather, gather_pages=gpages, width=width,
-                          score_grid=(nb, static["ns"]),
-                          score_args=(ws8, ws_off, a, qsl_d, seq_lens, caps, blk, nb, cand,
-                                      win),
-                          score=score,
-                          # pages read from the cache by forward when it is aligned: no gather
-                          direct=None if direct is None else
-                          (direct, (bt, bt_stride, self._lut, a, qsl_d, seq_lens, caps, blk, nb,
-                                    cand)),
-                          merge=None if merge is None else
-                          ((nb, merge[0]), (cand, qsl_d, seq_lens, caps, blk, nb), merge[1]))
+            launch = {"plan": plan, "block_m": plan.block_m, "gather": launches,
+                      "gather_pages": gpages, "width": width,
+                      "score_args": (ws8, ws_off, a, qsl_d, seq_lens, caps, blk, cand, win)}
             chunks.append(PrefillChunk(
                 a, b, pq[a] - p0, pq[b] - p0, offs, gathered, total, launch,
                 {"qsl": qsl_d, "seq": seq_lens, "caps": caps, "ws_off": ws_off, "pages": pages,
@@ -1168,46 +1116,18 @@ class Indexer:
 
     def _launch_template(self, num_blocks: int, score_pages: int, block_m: int) -> tuple:
         """What a prefill chunk's launches share with every chunk of the same (row blocks,
-        score pages, BLOCK_M), cached (host time; never edited): ``(_prefill_launch``'s
-        dict, the score launch, (merge grid x, merge launch) or None, the candidate and window
-        scratch views, the direct score launch or None)`` (the last only for Gluon chunks
-        with ``_direct``)."""
+        score pages, BLOCK_M), cached (host time; never edited): ``(plan_prefill_chunk``'s
+        plan under the shared scratch's cap, its candidate and window scratch views)``."""
         key = (num_blocks, score_pages, block_m)
         got = self._templates.get(key)
         if got is None:
             if len(self._templates) > 4096:
                 self._templates.clear()
-            L = _prefill_launch(num_blocks, score_pages, block_m, self._num_sms,
-                                self._score_elems, self._wgmma)
-            ns, keep = L["ns"], L["keep"]
-            from .triton.launcher import CachedLaunch
-            sk, mk = self._kernels
-            direct = None
-            if L["kernel"] == "wgmma":
-                from .triton.prefill_wgmma import (launch_options, prefill_wgmma_direct_kernel,
-                                                   prefill_wgmma_kernel)
-                score = CachedLaunch(prefill_wgmma_kernel, H=self.config.num_heads,
-                                     BLOCK_M=block_m, NUM_SPLITS=ns,
-                                     **launch_options(self._gluon_fp8))
-                if self._direct:
-                    direct = CachedLaunch(prefill_wgmma_direct_kernel,
-                                          H=self.config.num_heads, BLOCK_M=block_m,
-                                          NUM_SPLITS=ns, **launch_options())
-            else:
-                score = CachedLaunch(sk, H=self.config.num_heads, BLOCK_M=block_m,
-                                     NUM_SPLITS=ns, DOT=self._dot, WINDOW=L["win"], KEEP=keep,
-                                     TOKENS_N=self._tokens_n, num_warps=self._score_warps,
-                                     num_stages=L["stages"])
-            merge = None
-            if ns > 1:
-                from .triton.heuristics import merge_config
-                mrows, warps = merge_config(ns, keep, sort=bool(self._merge_sort))
-                merge = (_cdiv(block_m, mrows),
-                         CachedLaunch(mk, H=self.config.num_heads, BLOCK_M=block_m,
-                                      NUM_SPLITS=ns, SPLITS_PAD=L["splits_pad"], ROWS=mrows,
-                                      KEEP=keep, SORT=self._merge_sort, num_warps=warps))
-            cand, win = self._scratch_views(L["cand"], L["win_elems"])
-            got = self._templates[key] = (L, score, merge, cand, win, direct)
+            from .triton.prefill import plan_prefill_chunk
+            plan = plan_prefill_chunk(self._settings, self.config.num_heads, num_blocks,
+                                      score_pages, block_m, self._num_sms, self._score_elems)
+            cand, win = self._scratch_views(plan.cand_elems, plan.win_elems)
+            got = self._templates[key] = (plan, cand, win)
         return got
 
     def _stage_row_blocks(self, dst: np.ndarray, a: int, q_lens: list, nblk: list,
@@ -1215,8 +1135,8 @@ class Indexer:
         """Write a several-request chunk's row blocks ``[2, nb]`` (step prefill request,
         first row) into the int32 staging view ``dst`` (``2 * nb`` long): request ``a + i``
         (query length ``q_lens[i]``) has ``nblk[i]`` blocks of ``bm`` rows, as
-        ``triton.heuristics.plan_row_blocks``. A few requests: one fill and one ramp copy
-        each; more: ``_row_blocks`` in numpy."""
+        ``triton.prefill.dispatch.plan_row_blocks``. A few requests: one fill and one ramp
+        copy each; more: ``plan_row_blocks`` itself."""
         nb = dst.shape[0] // 2
         if len(nblk) <= _SCALAR_MAX:
             ramp = self._row_ramp(bm)
@@ -1226,8 +1146,9 @@ class Indexer:
                 dst[nb + at:nb + at + m] = ramp[:m]
                 at += m
             return
-        reqs, row0s = _row_blocks(np.asarray(q_lens, dtype=np.int64),
-                                  np.asarray(seq_lens, dtype=np.int64), h, bm, pages=False)
+        from .triton.prefill.dispatch import plan_row_blocks
+        reqs, row0s = plan_row_blocks(np.asarray(q_lens, dtype=np.int64),
+                                      np.asarray(seq_lens, dtype=np.int64), h, bm, pages=False)
         dst[:nb] = reqs
         if a:
             dst[:nb] += a  # blocks name the step's prefill requests
@@ -1249,12 +1170,11 @@ class Indexer:
         if got is None:
             if len(self._blocks) > 4096:
                 self._blocks.clear()
-            from .triton.heuristics import prefill_block_m
-            rows = q_len * h
+            from .triton.prefill.dispatch import plan_row_blocks, prefill_block_m
             bm = prefill_block_m(q_len, h)
-            nb = _cdiv(rows, bm)
-            blocks = np.zeros(2 * nb, dtype=np.int32)
-            blocks[nb:] = np.arange(0, nb * bm, bm)
+            one = np.array([q_len], dtype=np.int64)
+            blocks = np.concatenate(plan_row_blocks(one, one, h, bm, pages=False)
+                                    ).astype(np.int32)
             got = self._blocks[q_len] = (bm, blocks)
         return got
 
@@ -1431,34 +1351,20 @@ class Indexer:
                                        name="block_table")
 
     def _triton_prefill(self, index_q, cache, md, out) -> None:
-        """Every chunk's planned launches: gather into the workspace, score, merge (a Gluon
-        chunk reads its pages straight from an aligned cache instead: no gather). The
+        """Every chunk's planned launches: gather into the workspace, score, merge. The
         staged row offsets are absolute: the kernels take all of ``index_q`` and ``out``."""
-        cs = cache.stride(0)
-        n_cache = cache.shape[0]
-        gathers = self._gather if cache.data_ptr() % 2 == 0 else self._gather_bytes
+        from .triton.prefill import launch_prefill_chunk
         ws8 = self._ws8
-        ws_pages = ws8.shape[0]
+        gather = self._gather
+        kernels = gather.kernels(cache, ws8)  # the byte path for a cache not 2-byte aligned
         q8 = None
-        aligned = cache.data_ptr() % 16 == 0 and cs % 16 == 0  # heuristics.prefill_direct_ok
         for ch in md.prefill_chunks:
             L = ch.launch
-            d = L["direct"] if aligned else None
-            if d is None:
-                gather = gathers[L["gather_pages"]]
-                for grid, (bt, bts, pages, off) in L["gather"]:
-                    gather(grid, cache, cs, bt, bts, pages, off, ws8, ws_pages, L["width"],
-                           n_cache)
+            if L["gather"]:
+                gather.run(kernels[L["gather_pages"]], L["gather"], cache, ws8, L["width"])
             if q8 is None:  # after the first gather launch, if any (host time before it)
                 q8 = index_q.view(torch.uint8)
-                qs = q8.stride()
-            if d is None:
-                L["score"](L["score_grid"], q8, qs[0], qs[1], *L["score_args"], out)
-            else:
-                d[0](L["score_grid"], q8, qs[0], qs[1], cache, cs, n_cache, *d[1], out)
-            m = L["merge"]
-            if m is not None:
-                m[2](m[0], *m[1], out)
+            launch_prefill_chunk(L["plan"], q8, *L["score_args"], out)
 
     def _reference_chunk(self, q, cache, ch, md, out) -> None:
         """Reference: gather the chunk into the reserved workspace, score each request from
@@ -1489,68 +1395,3 @@ def _changed_fields(md: IndexerMetadata, planned: IndexerMetadata) -> list[str]:
         if a is not b and not (type(a) is int and type(b) is int and a == b):
             diff.append(f.name)
     return diff
-
-
-def _row_blocks(q_lens: np.ndarray, seq_lens: np.ndarray, num_heads: int,
-                block_m: int, pages: bool = True) -> tuple[np.ndarray, ...]:
-    """``triton.heuristics.plan_row_blocks`` of requests ``0 .. n-1`` in numpy (host time):
-    ``(request, first row, pages)`` int64 arrays per block of ``block_m`` (token, head) rows
-    of one request, ``pages`` the local page of its last row (0 when negative; left out with
-    ``pages=False``). Query lengths ``q_lens [n]`` (>= 1) and ``seq_lens [n]`` are int64
-    arrays."""
-    rows = q_lens * num_heads
-    if len(rows) == 1:  # one request: no per-block gathers
-        nb = _cdiv(int(rows[0]), block_m)
-        row0s = np.arange(0, nb * block_m, block_m)
-        reqs = np.zeros(nb, dtype=np.int64)
-        if not pages:
-            return reqs, row0s
-        t_last = np.minimum(row0s + block_m, rows[0])
-        t_last -= 1
-        t_last //= num_heads
-        t_last += seq_lens[0] - q_lens[0]
-        return reqs, row0s, np.maximum(t_last, 0) // PAGE_SIZE
-    nblk = -(-rows // block_m)
-    reqs = np.repeat(np.arange(len(rows)), nblk)
-    first = np.cumsum(nblk) - nblk  # each request's first block
-    row0s = (np.arange(len(reqs)) - first[reqs]) * block_m
-    if not pages:
-        return reqs, row0s
-    t_last = (np.minimum(row0s + block_m, rows[reqs]) - 1) // num_heads
-    return reqs, row0s, np.maximum(seq_lens[reqs] - q_lens[reqs] + t_last, 0) // PAGE_SIZE
-
-
-@functools.lru_cache(maxsize=4096)
-def _prefill_launch(num_blocks: int, score_pages: int, block_m: int, num_sms: int,
-                    cap: int | None, wgmma: bool = False) -> dict:
-    """``triton.heuristics.prefill_launch`` (splits / keep / window / scratch / score kernel of
-    one prefill chunk's score launch, fewer splits until the scratch fits ``cap``; ``wgmma``:
-    the Gluon scorer may run) plus its merge launch's padded splits. Cached
-    (host time): callers must not edit it."""
-    from .triton import heuristics as hz
-    launch = hz.prefill_launch(num_blocks, score_pages, block_m, num_sms, cap=cap,
-                               wgmma=wgmma)
-    ns = launch["ns"]
-    launch["splits_pad"] = hz.next_pow2(ns)
-    return launch
-
-
-def _chunk_bounds(hist: list, budget: int) -> list[tuple[int, int]]:
-    """``reference.prefill.plan_chunks`` on host ints: greedy ``[start, end)`` request ranges
-    whose history pages ``hist`` (ints >= 0, each <= ``budget``) sum to at most ``budget``
-    (prefix sums and a bisection per chunk)."""
-    n = len(hist)
-    if n == 1:
-        return [(0, 1)]
-    cs = list(itertools.accumulate(hist, initial=0))
-    if cs[n] <= budget:
-        return [(0, n)]
-    bounds, start = [], 0
-    while start < n:
-        end = bisect_right(cs, cs[start] + budget) - 1
-        if end <= start:  # cannot happen: seq lens <= max_model_len (checked)
-            v.fail("seq_lens_cpu", f"at most {budget} history pages per request "
-                   "(the gather workspace)", hist[start])
-        bounds.append((start, end))
-        start = end
-    return bounds

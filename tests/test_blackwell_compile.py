@@ -31,8 +31,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from benchmarks.sass_stats import DECODE_TYPES, GATHER_TYPES, INSERT_TYPES, PREFILL_TYPES
-from nvfp4_indexer.triton import (decode, dequantize, encode, gather, heuristics, insert,
-                                  prefill, query, quantize, scores)
+from nvfp4_indexer.triton import (decode, dequantize, encode, heuristics, insert, query,
+                                  quantize, scores)
+from nvfp4_indexer.triton.prefill import dispatch as prefill_dispatch
+from nvfp4_indexer.triton.prefill import gather, prefill
 
 MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
 PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", caps_ptr="*i32",
@@ -64,7 +66,7 @@ def dmerge(q, h, ns, keep):
 
 
 def pre(block_m, ns, window, keep):
-    return (prefill._prefill_score_kernel, PREFILL_TYPES,
+    return (prefill.prefill_score_kernel, PREFILL_TYPES,
             dict(H=4, BLOCK_M=block_m, NUM_SPLITS=ns, DOT="fp16", WINDOW=window, KEEP=keep,
                  TOKENS_N=True), dict(num_warps=4, num_stages=3))
 
@@ -74,9 +76,9 @@ SUBSET = [
     ("prefill score BLOCK_M 128 tokens on N", *pre(128, 2, 32, 16)),
     ("page scores BLOCK_M 64", scores._page_scores_kernel, SCORES_TYPES,
      dict(H=4, BLOCK_M=64, PAGES=scores.PAGES_PER_PROGRAM, DOT="fp16"), dict(num_warps=4)),
-    ("gather ptx", gather._gather_kernel, GATHER_TYPES,
+    ("gather ptx", gather.gather_kernel, GATHER_TYPES,
      dict(FROM_SEQ_LENS=False, PORTABLE=False, TOK_BLOCK=16, DEQUANT="ptx",
-          PAGE_PARTS=heuristics.GATHER_PAGE_PARTS, STREAM=True,
+          PAGE_PARTS=prefill_dispatch.GATHER_PAGE_PARTS, STREAM=True,
           PAGES=2), dict(num_warps=1)),
 ]
 REST = [
@@ -87,10 +89,10 @@ REST = [
     ("decode merge split 4", *dmerge(8, 4, 4, 16)),
     ("decode merge split 128 keep 4", *dmerge(1, 1, 128, 4)),
     ("prefill score BLOCK_M 16 unsplit", *pre(16, 1, 1, 16)),
-    ("prefill merge", prefill._prefill_merge_kernel, PMERGE_TYPES,
+    ("prefill merge", prefill.prefill_merge_kernel, PMERGE_TYPES,
      dict(H=4, BLOCK_M=128, NUM_SPLITS=2, SPLITS_PAD=2, ROWS=1, KEEP=16, SORT=0),
      dict(num_warps=1)),
-    ("prefill merge sorted, merge_config's rows", prefill._prefill_merge_kernel, PMERGE_TYPES,
+    ("prefill merge sorted, merge_config's rows", prefill.prefill_merge_kernel, PMERGE_TYPES,
      dict(H=4, BLOCK_M=128, NUM_SPLITS=2, SPLITS_PAD=2,
           ROWS=heuristics.merge_config(2, 16, sort=True)[0], KEEP=16, SORT=1),
      dict(num_warps=heuristics.merge_config(2, 16, sort=True)[1])),
@@ -112,7 +114,7 @@ REST = [
      dict(ROT=96, PORTABLE=False, BLOCK_T=4), dict(num_warps=1)),
     ("query rot 64", query._prepare_index_q_kernel, QUERY_TYPES,
      dict(ROT=64, PORTABLE=False, BLOCK_R=4), {}),
-    ("gather triton", gather._gather_kernel, GATHER_TYPES,
+    ("gather triton", gather.gather_kernel, GATHER_TYPES,
      dict(FROM_SEQ_LENS=True, PORTABLE=False, TOK_BLOCK=16, DEQUANT="triton", PAGE_PARTS=8,
           STREAM=False, PAGES=1), dict(num_warps=1)),
 ]

@@ -272,108 +272,57 @@ def test_triton_device_seq_lens_edited_after_plan_are_clamped(cache):
     assert bool((out[rows:] == POISON).all())
 
 
+@pytest.fixture
+def gluon_twin(monkeypatch):
+    """The Gluon prefill branch on the CPU: its probe says yes and the Gluon kernel is its
+    Triton twin under the Gluon contract (``kernel_cases.gluon_twin_kernel``); plans are
+    rebuilt. Construct the Indexer inside (it resolves the branch once)."""
+    from kernel_cases import gluon_twin_in_place
+    launch = gluon_twin_in_place(monkeypatch)
+    yield launch
+    launch.plan_prefill_chunk.cache_clear()
+
+
+# a step whose first prefill request (40 tokens x 2 heads: BLOCK_M 128, 18 history pages)
+# is a chunk of its own on the Gluon kernel (2 splits of 9 pages), the other two a chunk of
+# BLOCK_M 64 on the Triton kernel
+GLUON_STEP = ([2, 40, 10, 30], [2500, 2400, 2100, 300], 1)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check")
-@pytest.mark.parametrize("direct", [False, True, "misaligned", "later", "short"])
-def test_triton_gluon_prefill_branch_plumbing(cache, monkeypatch, direct):
-    """The Indexer's Gluon prefill branch (``_setup_triton``'s ``prefill_wgmma_ok``,
-    ``_launch_template``'s ``kernel``) on the CPU, with the Triton twin in the Gluon kernel's
-    place under its contract (window 1, KEEP 16, no window scratch): the 18-page chunk (2
-    splits of 9 pages) takes it, with the real kernel's runtime arity, and the 16-page chunk
-    (8 pages per split; ``PREFILL_WGMMA_SHORT_SPLITS`` off) the Triton kernel; rows equal the
-    public ops, the rest stays poisoned. (The dispatched BLOCK_M set is widened to this small step's.) ``direct``: the
-    Gluon chunk reads the cache with the direct kernel's twin (no gather launch), with the
-    real direct kernel's runtime arity; "misaligned": planned so, but ``forward`` gets a cache
-    view whose base is not 16-byte aligned and gathers both chunks as before; "later": direct
-    with the two prefill requests swapped, so the Gluon chunk is the second one (request base
-    1, the step's block table sliced); "short": ``PREFILL_WGMMA_SHORT_SPLITS`` on (the
-    default), so the 16-page chunk takes the Gluon kernel too, unsplit (its 15 pages capped
-    at one split of > 8)."""
-    from nvfp4_indexer import engine
-    from nvfp4_indexer.triton import heuristics as hz
-    from nvfp4_indexer.triton import prefill as tp
-    from nvfp4_indexer.triton import prefill_wgmma as pw
-    from nvfp4_indexer.triton.launcher import CachedLaunch
-    real, real_options = pw.prefill_wgmma_kernel, pw.launch_options()
-    real_direct = pw.prefill_wgmma_direct_kernel
-    monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
-    monkeypatch.setattr(hz, "PREFILL_DIRECT", bool(direct) and direct != "short")
-    later = direct == "later"
-    short = direct == "short"
-    direct = True if later else False if short else direct
-    monkeypatch.setattr(pw, "prefill_wgmma_direct_kernel", tp._prefill_direct_score_kernel)
-    gathers = []
-    monkeypatch.setattr(engine.Indexer, "_triton_prefill", _counting_gathers(
-        engine.Indexer._triton_prefill, gathers))
-    monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
-    monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))  # this step's BLOCK_M
-    # one chunk per kernel (but "short"): the 16-page chunk keeps the Triton rule's 2 x 8 pages
-    monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", short)
-    monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
-    monkeypatch.setattr(pw, "launch_options",
-                        lambda fp8=False: dict(DOT="fp32", WINDOW=1, KEEP=16, TOKENS_N=False))
-    engine._prefill_launch.cache_clear()
-    try:
-        ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
-        assert ix._wgmma
-        q_lens, seqs, nd = CLAMP
-        if later:  # the 16-page request first: the 18-page (Gluon) chunk is the second
-            q_lens, seqs = [q_lens[0], q_lens[2], q_lens[1], q_lens[3]], \
-                [seqs[0], seqs[2], seqs[1], seqs[3]]
-        step = _step(q_lens, seqs, nd, seed=25)
-        md = ix.plan(step)
-        kinds = []
-        for ch in md.prefill_chunks:
-            sc = ch.launch["score"]
-            gluon = "num_stages" not in sc.kwargs  # the Gluon branch passes no num_stages
-            kinds.append((gluon, ch.launch["score_grid"][1]))
-            if gluon:
-                assert sc.kwargs["WINDOW"] == 1
-                ref = CachedLaunch(real, H=H, BLOCK_M=128, NUM_SPLITS=ch.launch["ns"],
-                                   **real_options)
-                assert ref.num_runtime == 3 + len(ch.launch["score_args"]) + 1
-                assert (ch.launch["direct"] is not None) == bool(direct)
-                if direct:
-                    ref = CachedLaunch(real_direct, H=H, BLOCK_M=128,
-                                       NUM_SPLITS=ch.launch["ns"], **real_options)
-                    assert ref.num_runtime == 3 + 3 + len(ch.launch["direct"][1]) + 1
-        assert kinds == ([(True, 2), (True, 1)] if short else [(False, 2), (True, 2)] if later
-                         else [(True, 2), (False, 2)]), kinds
-        rows = sum(q_lens)
-        if direct == "misaligned":
-            from test_triton_prefill_wgmma import _misaligned
-            cache = _misaligned(cache)
-        q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=26)
-        assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
-        assert bool((out[rows:] == POISON).all())
-        want = [True, True] if direct is not True else [True, False] if later else [False, True]
-        assert gathers == want, gathers
-    finally:
-        engine._prefill_launch.cache_clear()
-
-
-def _counting_gathers(fn, record):
-    """``Indexer._triton_prefill`` recording, per chunk, whether it launched a gather."""
-    def wrapped(self, index_q, cache, md, out):
-        orig = self._gather, self._gather_bytes
-        for ch in md.prefill_chunks:
-            launched = []
-
-            def spy(kind, launched=launched):
-                return {p: (lambda *a, _f=kind[p]: (launched.append(1), _f(*a))[1])
-                        for p in kind}
-            self._gather, self._gather_bytes = spy(orig[0]), spy(orig[1])
-            try:
-                fn(self, index_q, cache, _one_chunk(md, ch), out)
-            finally:
-                self._gather, self._gather_bytes = orig
-            record.append(bool(launched))
-    return wrapped
-
-
-def _one_chunk(md, ch):
-    """``md`` restricted to the prefill chunk ``ch``."""
-    import dataclasses
-    return dataclasses.replace(md, prefill_chunks=[ch])
+@pytest.mark.parametrize("later", [False, True])
+def test_triton_gluon_prefill_branch_plumbing(cache, gluon_twin, later):
+    """The Indexer's Gluon prefill branch (``plan_prefill_chunk``'s ``kernel``) on the CPU,
+    with the Triton twin in the Gluon kernel's place: the 18-page chunk of BLOCK_M 128 takes
+    it (2 splits of 9 pages), with the real kernel's constexprs and runtime arity, the other
+    chunk the Triton kernel; rows equal the public ops, the rest stays poisoned. ``later``:
+    the two chunks swapped, so the Gluon chunk is the second one (request base 1, the step's
+    block table sliced)."""
+    from nvfp4_indexer.triton.prefill import prefill_wgmma as pw
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
+    assert ix._settings.wgmma
+    q_lens, seqs, nd = GLUON_STEP
+    if later:  # the 16-page requests first: the 18-page (Gluon) chunk is the second
+        q_lens, seqs = [q_lens[0], q_lens[2], q_lens[3], q_lens[1]], \
+            [seqs[0], seqs[2], seqs[3], seqs[1]]
+    step = _step(q_lens, seqs, nd, seed=25)
+    md = ix.plan(step)
+    kinds = []
+    for ch in md.prefill_chunks:
+        plan = ch.launch["plan"]
+        kinds.append((plan.shape["kernel"], plan.score_grid[1]))
+        if plan.shape["kernel"] == "wgmma":
+            assert plan.shape["win"] == 1 and plan.block_m == 128
+            opts = {k: v for k, v in plan.score.kwargs.items()
+                    if k not in ("H", "BLOCK_M", "NUM_SPLITS")}
+            assert opts == pw.launch_options()
+            assert plan.score.num_runtime == 3 + len(ch.launch["score_args"]) + 2
+    assert kinds == ([("triton", 4), ("wgmma", 2)] if later
+                     else [("wgmma", 2), ("triton", 4)]), kinds
+    rows = sum(q_lens)
+    q, out = _forward_poisoned(ix, cache, md, rows, 3, seed=26)
+    assert torch.equal(out[:rows], _expected(q, cache, step, nd, 2))
+    assert bool((out[rows:] == POISON).all())
 
 
 def test_plan_device_ops_are_the_copies():
@@ -795,19 +744,6 @@ def test_plan_fast_checks_imply_full_checks():
     assert accepted > 50 and rejected > 50
 
 
-def test_row_blocks_equal_plan_row_blocks():
-    from nvfp4_indexer.engine import _row_blocks
-    from nvfp4_indexer.triton.heuristics import plan_row_blocks
-    rng = np.random.default_rng(6)
-    for _ in range(40):
-        n = int(rng.integers(1, 5))
-        ql = rng.integers(1, 300, n)
-        sl = ql + rng.integers(0, 5000, n)
-        h, bm = int(rng.choice([1, 2, 4, 16])), int(rng.choice([16, 32, 64, 128]))
-        qsl = [0] + np.cumsum(ql).tolist()
-        want = plan_row_blocks(qsl, sl.tolist(), h, bm, range(n))
-        got = _row_blocks(ql.astype(np.int64), sl.astype(np.int64), h, bm)
-        assert [g.tolist() for g in got] == [list(w) for w in want]
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -834,7 +770,7 @@ def test_plan_in_place_shared_buffers(cache, backend):
     assert torch.equal(out, _expected(q, cache, s, nd, 2))
 
 
-# ---------------------------------------------------------------- gaps, prepared launches
+# ------------------------------------------------------------------ gaps, prepared launches
 
 def test_mixed_step_max_num_seqs():
     """A step with prefill requests has no padding: at most max_num_seqs requests in all
@@ -952,17 +888,12 @@ def test_forward_per_layer_caches_of_other_sizes(cache):
         ix.forward(q, cache[:10], md, torch.empty((13, H, 16), dtype=torch.int32))
 
 
-@pytest.mark.parametrize("merge_sort", [False, True])
-def test_triton_chunks_of_several_requests(cache, monkeypatch, merge_sort):
+def test_triton_chunks_of_several_requests(cache):
     """Triton (interpreter): chunks of several requests (one with only short rows: no
     gather, one split), a later multi-request chunk and a one-request chunk; every row
     equals the public ops, rows past the step stay poisoned, and a re-plan of the same
-    step (the other staging slot) stages the same metadata. ``merge_sort``:
-    ``heuristics.PREFILL_MERGE_SORT`` on at construction (the merges' bitonic top-16)."""
-    from nvfp4_indexer.triton import heuristics as hz
-    monkeypatch.setattr(hz, "PREFILL_MERGE_SORT", merge_sort)
+    step (the other staging slot) stages the same metadata."""
     ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")  # 20 pages
-    assert ix._merge_sort == int(merge_sort)
     q_lens = [3, 3, 5, 30, 40, 20, 3]
     seqs = [2300, 900, 700, 2000, 2200, 300, 2400]  # prefill hist 5, 15 | 17, 2 | 18
     step = _step(q_lens, seqs, 2, seed=11)
@@ -1050,12 +981,12 @@ def dataclasses_replace(md):
 def test_triton_plan_many_request_chunks(monkeypatch, scalar_max):
     """Triton plan (host side only) of a step with 40 prefill requests: chunks equal
     ``plan_prefill_chunks``; each chunk's staged row blocks equal
-    ``triton.heuristics.plan_row_blocks`` (step prefill request, first row), its workspace
+    ``triton.prefill.dispatch.plan_row_blocks`` (step prefill request, first row), its workspace
     offsets and page counts the chunk's; the fast checks accept the step with the full
     checks' result. ``scalar_max`` moves the host-int / numpy switch of the checks and of
     the row blocks (0: numpy everywhere, 1000: host ints everywhere)."""
     import nvfp4_indexer.engine as eng
-    from nvfp4_indexer.triton.heuristics import plan_row_blocks
+    from nvfp4_indexer.triton.prefill.dispatch import plan_row_blocks
     monkeypatch.setattr(eng, "_SCALAR_MAX", scalar_max)
     rng = np.random.default_rng(14)
     n_pre = 40
@@ -1080,23 +1011,36 @@ def test_triton_plan_many_request_chunks(monkeypatch, scalar_max):
         assert list(c.page_offsets) == w.page_offsets and list(c.gather_pages) == w.gather_pages
         assert c.total_pages == w.total_pages
         n, nb, bm = c.req_end - c.req_start, c.dev["num_blocks"], c.launch["block_m"]
-        reqs, row0s, _ = plan_row_blocks(pq, seqs[2:], H, bm, range(c.req_start, c.req_end))
-        assert c.dev["blocks"][:2 * nb].tolist() == reqs + row0s
+        a, b = c.req_start, c.req_end
+        reqs, row0s, _ = plan_row_blocks(np.diff(pq)[a:b], np.asarray(seqs[2:])[a:b], H, bm)
+        assert c.dev["blocks"][:2 * nb].tolist() == (reqs + a).tolist() + row0s.tolist()
         assert c.dev["ws_off"][:n + 1].tolist() == w.page_offsets
         assert c.dev["pages"][:n].tolist() == w.gather_pages
         assert c.dev["block_table"].data_ptr() == step.block_table[2 + c.req_start].data_ptr()
     assert md.prefill_chunks[0].dev["seq"].tolist() == seqs[2:]
 
 
-def test_chunk_bounds_equal_plan_chunks():
-    from nvfp4_indexer.engine import _chunk_bounds
+def test_chunks_are_greedy():
+    """The chunking the Indexer and ``prefill_indexer`` plan with (``plan_chunks``) takes
+    requests in order while their history pages fit the budget."""
     from nvfp4_indexer.reference.prefill import plan_chunks
+
+    def greedy(pages, budget):
+        chunks, start = [], 0
+        while start < len(pages):
+            end, total = start, 0
+            while end < len(pages) and total + pages[end] <= budget:
+                total += pages[end]
+                end += 1
+            chunks.append((start, end))
+            start = end
+        return chunks
     rng = np.random.default_rng(15)
     for _ in range(200):
         budget = int(rng.integers(1, 40))
         hist = rng.integers(0, budget + 1, int(rng.integers(1, 30)))
         hist[rng.random(hist.shape[0]) < 0.3] = 0
-        assert _chunk_bounds(hist.tolist(), budget) == plan_chunks(hist.tolist(), budget)
+        assert plan_chunks(hist.tolist(), budget) == greedy(hist.tolist(), budget)
 
 
 @pytest.mark.gpu
@@ -1155,7 +1099,7 @@ def test_allow_fp8_mma_prefill_step():
     from conformance.judges import tie_aware_check
     from nvfp4_indexer import reference as ref
     from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
-    from nvfp4_indexer.triton.heuristics import prefill_wgmma_ok
+    from nvfp4_indexer.triton.prefill.dispatch import prefill_wgmma_ok
     dev = torch.device("cuda")
     nb, new, ctx = 400, 1024, 40000
     gen = torch.Generator(device=dev).manual_seed(6)
@@ -1178,7 +1122,7 @@ def test_allow_fp8_mma_prefill_step():
         ix = ni.Indexer(_config(device=dev, max_model_len=width * 128, max_num_seqs=1,
                                 max_num_batched_tokens=new, allow_fp8_mma=fp8, num_heads=4))
         want = "fp8" if fp8 and prefill_wgmma_ok(dev, "fp8", True) else "fp16"
-        assert ix._gluon_fp8 == (want == "fp8") and ix._dot == "fp16"
+        assert ix._settings.fp8 == (want == "fp8") and ix._settings.dot == "fp16"
         md = ix.plan(step)
         out = torch.full((new, 4, 16), POISON, dtype=torch.int32, device=dev)
         ix.forward(q, c, md, out)
@@ -1196,38 +1140,22 @@ def test_allow_fp8_mma_prefill_step():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plumbing check (the GPU test runs it)")
 @pytest.mark.parametrize("fp8", [False, True])
-def test_engine_fp8_prefill_routing_on_cpu(monkeypatch, fp8):
+def test_engine_fp8_prefill_routing_on_cpu(gluon_twin, monkeypatch, fp8):
     """``IndexerConfig(allow_fp8_mma=True)`` with the Gluon branch forced (CPU): the Gluon
     chunks' planned launches take ``launch_options(fp8=True)``, the Triton chunks the exact
-    dot mode, and no chunk reads the cache directly; without it, the fp16 form and direct
-    reads as configured (``PREFILL_DIRECT`` on). (Plans only: nothing is launched.)"""
-    from nvfp4_indexer import engine
-    from nvfp4_indexer.triton import heuristics as hz
-    from nvfp4_indexer.triton import prefill as tp
-    from nvfp4_indexer.triton import prefill_wgmma as pw
-    monkeypatch.setattr(hz, "prefill_wgmma_ok", lambda *a: True)
-    monkeypatch.setattr(hz, "PREFILL_DIRECT", True)
-    monkeypatch.setattr(hz, "MIN_PAGES_PER_SPLIT", 9)
-    monkeypatch.setattr(hz, "PREFILL_WGMMA_BLOCK_M", (16, 32, 64, 128))
-    monkeypatch.setattr(hz, "PREFILL_WGMMA_SHORT_SPLITS", False)
-    monkeypatch.setattr(pw, "prefill_wgmma_kernel", tp._prefill_score_kernel)
-    monkeypatch.setattr(pw, "prefill_wgmma_direct_kernel", tp._prefill_direct_score_kernel)
-    monkeypatch.setattr(pw, "launch_options", lambda fp8=False: dict(
-        DOT="fp32", WINDOW=1, KEEP=16, TOKENS_N=False, **({"SEEN_FP8": 1} if fp8 else {})))
-    engine._prefill_launch.cache_clear()
-    try:
-        ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8, allow_fp8_mma=fp8),
-                        backend="triton")
-        assert ix._gluon_fp8 == fp8 and ix._direct == (not fp8)
-        md = ix.plan(_step(*CLAMP, seed=25))
-        seen = [("SEEN_FP8" in ch.launch["score"].kwargs,
-                 "num_stages" not in ch.launch["score"].kwargs,  # the Gluon template
-                 ch.launch["score"].kwargs.get("DOT")) for ch in md.prefill_chunks]
-        assert any(g for _, g, _ in seen), seen
-        assert all(f == (fp8 and g) for f, g, _ in seen), seen
-        assert all(d == ix._dot for _, g, d in seen if not g), seen
-    finally:
-        engine._prefill_launch.cache_clear()
+    dot mode; without it, the fp16 form. (Plans only: nothing is launched.)"""
+    from nvfp4_indexer.triton.prefill import prefill_wgmma as pw
+    monkeypatch.setattr(gluon_twin, "resolve_dot", lambda dot, dev: dot or "fp16")
+    ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8, allow_fp8_mma=fp8),
+                    backend="triton")
+    assert ix._settings.fp8 == fp8 and ix._settings.dot == "fp16"
+    md = ix.plan(_step(*GLUON_STEP, seed=25))
+    seen = [(ch.launch["plan"].shape["kernel"], ch.launch["plan"].score.kwargs)
+            for ch in md.prefill_chunks]
+    assert [k for k, _ in seen] == ["wgmma", "triton"], seen
+    opts = {k: v for k, v in seen[0][1].items() if k not in ("H", "BLOCK_M", "NUM_SPLITS")}
+    assert opts == pw.launch_options(fp8)
+    assert seen[1][1]["DOT"] == "fp16" and seen[1][1]["TOKENS_N"]
 
 
 # ------------------------------------------- metadata owner, aliasing, devices, allocation

@@ -14,7 +14,7 @@ import torch
 
 import nvfp4_indexer as ni
 from nvfp4_indexer.triton.decode import runner as TD
-from nvfp4_indexer.triton import gather as TG
+from nvfp4_indexer.triton.prefill import gather as TG
 from nvfp4_indexer.triton import scores as TS
 from nvfp4_indexer.triton import device as DV  # noqa: E402
 
@@ -152,20 +152,15 @@ def test_negative_device_seq_lens_give_padding_rows(page_scores, bad):
     assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_gather_kernel_clamps_pages_to_the_width_and_blocks_to_the_cache(monkeypatch,
-                                                                         persistent):
+def test_gather_kernel_clamps_pages_to_the_width_and_blocks_to_the_cache():
     """``gather_into`` given seq_lens past the table width and a block id past the cache:
-    only the row's W pages are written, each from a block inside the cache (both kernels;
-    the persistent one on 2 programs)."""
+    only the row's W pages are written, each from a block inside the cache."""
     parent, cache = _parent_cache(2)
     bt = torch.tensor([[5, 60, 7], [9, 10, 11]], dtype=torch.int32, device=DEV)
     seq = torch.tensor([5000, 300], dtype=torch.int32, device=DEV)  # 39 and 2 pages
     ws = torch.full((10, 128, 128), POISON, dtype=torch.uint8, device=DEV)
     offsets = torch.tensor([0, 5], dtype=torch.int32, device=DEV)
-    monkeypatch.setattr(TG.hz, "num_sms", lambda device=None: 2)
-    TG.gather_into(cache, bt, seq, offsets, ws.view(torch.float8_e4m3fn), max_pages=39,
-                   config=TG.GatherConfig(persistent=persistent, programs_per_sm=1))
+    TG.gather_into(cache, bt, seq, offsets, ws.view(torch.float8_e4m3fn), max_pages=39)
     ok_bt = torch.tensor([[5, NB - 1, 7, 0], [9, 10, 11, 0]], dtype=torch.int32, device=DEV)
     want, _ = ni.gather_index_k_fp8(cache, ok_bt, torch.tensor([385, 257], dtype=torch.int32,
                                                                device=DEV), backend="reference")

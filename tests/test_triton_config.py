@@ -37,8 +37,6 @@ FIELDS = [
     (GatherConfig, "num_warps", 2, [3, True]),
     (GatherConfig, "page_parts", 2, [16, True]),
     (GatherConfig, "streaming", False, [1, "no"]),
-    (GatherConfig, "persistent", True, [1, "no", np.bool_(True)]),
-    (GatherConfig, "programs_per_sm", 2, [0, 257, True, 2.0]),
     (InsertConfig, "block_t", 8, [0, 3, 256, True]),
     (InsertConfig, "num_warps", 2, [16, True, 3]),
 ]
@@ -63,7 +61,7 @@ def test_numpy_integers_are_stored_as_int():
     cfgs = [DecodeConfig(num_splits=np.int64(4), window=np.int32(8), num_warps=np.int16(8)),
             PrefillConfig(window=np.int64(4), block_m=np.uint8(64), num_stages=np.int64(3)),
             GatherConfig(tok_block=np.int64(32), page_parts=np.int8(2),
-                         programs_per_sm=np.int32(8)),
+                         pages_per_program=np.int32(2)),
             InsertConfig(block_t=np.int64(8), num_warps=np.int32(2))]
     for cfg in cfgs:
         for f in dataclasses.fields(cfg):

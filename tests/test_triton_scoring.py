@@ -1,11 +1,11 @@
 """Triton scoring and top-k kernels vs the reference (SPEC 4-7, 9).
 
-Kernels: the prefill indexer (FP8 workspace), ``page_scores``, the page operands, the top-k
-device functions, and every dot mode through decode and prefill on a GPU (the decode runner's
-own tests: ``tests/triton/decode``). The harness (batches, checks, the interpreter switch):
-``kernel_harness``. Under the interpreter the scorers use an IEEE fp32 dot of exactly decoded
-E4M3 values; on a GPU the default fp16 MMA (and the bf16, fp8 and fp32 comparison modes) run
-in the ``gpu`` tests.
+Kernels: ``page_scores``, the page operands, the top-k device functions, and every dot mode
+through decode and prefill on a GPU (the decode and prefill kernels' own tests:
+``tests/triton/decode``, ``tests/triton/prefill``). The harness (batches, checks, the
+interpreter switch): ``kernel_harness``. Under the interpreter the scorers use an IEEE fp32 dot
+of exactly decoded E4M3 values; on a GPU the default fp16 MMA (and the bf16, fp8 and fp32
+comparison modes) run in the ``gpu`` tests.
 
 Checks (SPEC 9): output structure bit-exact (local slot, -1 padding, ascending when L <= 15,
 padding rows, no duplicates, ids in [0, L)); scores tie-aware against the exact reference
@@ -131,54 +131,7 @@ def test_page_operands_bit_exact(dot):
     assert torch.equal(got[keep].view(torch.int32), want[keep].view(torch.int32))
 
 
-# ------------------------------------------------------------------------ decode (interpreter)
-
-
-# ------------------------------------------------------------------------------------ prefill
-
-def prefill_batch(specs, seed, **kw):
-    """``specs``: (q_len, seq_len) per request."""
-    batch = Batch([s for _, s in specs], seed=seed, **kw)
-    qsl = torch.tensor([0] + [sum(q for q, _ in specs[:i + 1]) for i in range(len(specs))],
-                       dtype=torch.int32, device=DEV)
-    return batch, qsl
-
-
-@pytest.mark.parametrize("heads,num_splits,budget,window,block_m",
-                         [(1, None, None, None, None), (2, 1, 40, 4, None), (2, 3, 17, 2, None),
-                          (2, 2, None, 2, 16)])
-def test_prefill_matches_reference(heads, num_splits, budget, window, block_m):
-    # Rows straddling page 16 (short and long rows in one block), a one-token request, a
-    # request without history, context-free long prompt; budget 17 forces one request per
-    # chunk for the long ones.
-    specs = [(24, 2060), (1, 1), (3, 2300), (6, 6), (20, 2140)]
-    batch, qsl = prefill_batch(specs, seed=40 + heads, alias=[(2, 1, 4)])
-    t = int(qsl[-1])
-    q = random_q(t, heads, seed=heads)
-    snap = snapshot(batch, q)
-    big, out = poisoned_out(t, heads)
-    if budget is None:
-        budget = ref.max_gather_pages(batch.width * 128, t)
-    cfg = PREFILL.PrefillConfig(num_splits=num_splits, window=window, block_m=block_m)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget,
-                            out, config=cfg)
-    assert_guards(big)
-    assert_unchanged(batch, q, snap)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS, [(2, 1, 4)],
-                    rows_request_of(qsl))
-
-
-@pytest.mark.parametrize("merge_sort", [False, True])
-def test_prefill_merge_selection_matches_reference(monkeypatch, merge_sort):
-    """``heuristics.PREFILL_MERGE_SORT`` on (the default: the merge's bitonic top-16 where a row
-    has 16-64 candidate columns, ``write_selection(SORT=1)``) and off (15 rounds):
-    ``prefill_indexer`` with 3 and 2 splits selects as the reference either way."""
-    monkeypatch.setattr(HZ, "PREFILL_MERGE_SORT", merge_sort)
-    test_prefill_matches_reference(2, 3, 17, 2, None)
-    test_prefill_matches_reference(2, 2, None, 2, 16)
-
+# -------------------------------------------------------------------------- launch shape rules
 
 def test_merge_config_rows_per_program():
     """``heuristics.merge_config``: where the merge sorts (``merge_sorts``: 16-64 columns)
@@ -191,52 +144,6 @@ def test_merge_config_rows_per_program():
     assert HZ.merge_config(2, 4, sort=True) == (1, 1)  # 8 columns: the rounds
     assert HZ.merge_config(2, 16) == (1, 1)
     assert not HZ.merge_sorts(HZ.MERGE_SORT_MAX_COLUMNS * 2, True)
-
-
-def test_prefill_api_and_nan_page():
-    batch, qsl = prefill_batch([(4, 2200), (2, 130)], seed=51)
-    batch.page_bytes(int(batch.block_table[0, 5]))[8192:] = 0x7F
-    q = random_q(6, 1, seed=7)
-    out = ni.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
-                             backend="triton")
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    assert torch.isnan(exact[:4, :, 5]).all()
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-    assert (out[:4, 0, :15] != 5).all(), "the NaN page must be the one left out (L = 17)"
-    # tuning overrides are checked before anything runs (a bad one never leaves out unwritten)
-    for kw in ({"num_splits": 0}, {"num_splits": -2}, {"num_splits": 2.5}, {"window": 3},
-               {"block_m": 48}, {"block_m": 512}, {"num_warps": 3}, {"num_stages": 0},
-               {"block_m": True}, {"num_warps": 4.0}, {"num_stages": True},
-               {"window": 64, "block_m": 128}, {"tokens_on_n": 1},
-               {"gather": "no"}):
-        with pytest.raises(ValueError, match=next(iter(kw))):
-            PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens,
-                                    64, out, config=PREFILL.PrefillConfig(**kw))
-
-
-@pytest.mark.parametrize("tokens_on_n", [None, False, True])
-def test_prefill_partial_nan_page(tokens_on_n):
-    """SPEC 4 in both MMA orientations: a page whose first 40 tokens have NaN scales scores the
-    max of its other tokens (and is selected where that ranks it), a page of NaN tokens only is
-    NaN and left out."""
-    batch, qsl = prefill_batch([(4, 2200), (2, 130)], seed=52)
-    batch.page_bytes(int(batch.block_table[0, 3]))[8192:8192 + 8 * 40] = 0x7F
-    batch.page_bytes(int(batch.block_table[0, 5]))[8192:] = 0x7F
-    q = random_q(6, 1, seed=9)
-    big, out = poisoned_out(6, 1)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, 64, out,
-                            config=PREFILL.PrefillConfig(tokens_on_n=tokens_on_n))
-    assert_guards(big)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    assert torch.isfinite(exact[:4, :, 3]).all() and torch.isnan(exact[:4, :, 5]).all()
-    # the test can fail: page 3 ranks inside some row's top 15 of its 17 history pages
-    ranks = (exact[:4, 0, :17].nan_to_num(float("-inf")) > exact[:4, 0, 3:4]).sum(-1)
-    assert (ranks < 15).any()
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-    assert (out[:4, 0, :15] != 5).all()
-    assert ((out[:4, 0, :15] == 3).any(-1) == (ranks < 15)).all()
 
 
 # ---------------------------------------------------------------------------------- page scores
@@ -294,31 +201,6 @@ def test_gpu_dot_modes(dot):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("specs,budget", [
-    ([(1024, 32768 + 1024)], None),
-    ([(1024, 1024)] * 2 + [(2048, 34816), (512, 131072 + 512)], None),
-    ([(4096, 4096), (1024, 33792), (256, 20000)], 300),  # several chunks
-])
-@pytest.mark.parametrize("tokens_on_n", [None, False])
-def test_gpu_prefill_realistic(specs, budget, tokens_on_n):
-    heads = 4
-    batch, qsl = prefill_batch(specs, seed=len(specs), page_stride=9216)
-    t = int(qsl[-1])
-    q = random_q(t, heads, seed=t)
-    big, out = poisoned_out(t, heads)
-    if budget is None:
-        budget = ref.max_gather_pages(batch.width * 128, t)
-    PREFILL.prefill_indexer(q, batch.cache, batch.block_table, qsl, batch.seq_lens, budget, out,
-                            config=PREFILL.PrefillConfig(tokens_on_n=tokens_on_n))
-    torch.cuda.synchronize()
-    assert_guards(big)
-    exact, mag = ref.page_scores(q, batch.cache, batch.block_table, batch.seq_lens, qsl,
-                                 with_magnitude=True)
-    check_selection(out, exact, mag, local_pages(batch.seq_lens, qsl), BITS)
-
-
-@pytest.mark.gpu
-@gpu
 def test_gpu_page_scores_realistic():
     batch = Batch([70000, 0, 5000, 129], seed=101)
     qsl = torch.tensor([0, 8, 9, 200, 204], dtype=torch.int32, device=DEV)
@@ -328,85 +210,3 @@ def test_gpu_page_scores_realistic():
                                  with_magnitude=True)
     check_scores(got, exact, mag, BITS)
 
-
-def test_prefill_stages_rule():
-    """The prefill score kernel's default pipeline depth (``prefill_launch``'s ``stages``):
-    3 stages from ``PREFILL_DEEP_PIPELINE_PAGES`` pages per split (the longest split), 2
-    below and for chunks whose rows are all short; an explicit ``num_splits`` moves it."""
-    deep = HZ.PREFILL_DEEP_PIPELINE_PAGES
-    assert HZ.prefill_launch(4, 0, 128, 132)["stages"] == 2  # every row short: no pages
-    assert HZ.prefill_launch(4, deep, 128, 132, num_splits=1)["stages"] == 3
-    assert HZ.prefill_launch(4, deep - 1, 128, 132, num_splits=1)["stages"] == 2
-    assert HZ.prefill_launch(4, 2 * deep, 128, 132, num_splits=2)["stages"] == 3
-    assert HZ.prefill_launch(4, 2 * deep, 128, 132, num_splits=3)["stages"] == 2
-    # the benchmark's shapes: 16K x 128K (512 blocks) deep, 1K x 128K (32 blocks) shallow
-    assert HZ.prefill_launch(512, 1151, 128, 132)["stages"] == 3
-    assert HZ.prefill_launch(32, 1031, 128, 132)["stages"] == 2
-
-
-@pytest.mark.parametrize("num_splits,keep", [(2, 16), (3, 8), (4, 16), (2, 4), (16, 16)])
-@pytest.mark.parametrize("seq_len", [5 * 128 + 7, 40 * 128 + 9])
-def test_prefill_merge_sort_equals_rounds(num_splits, keep, seq_len):
-    """The prefill merge kernel's bitonic top-16 selection (``SORT=1``,
-    ``topk.write_selection(SORT=1)``) writes exactly what the 15 rounds of max-and-remove
-    write (``SORT=0``): distinct random keys with EMPTY slots (a row with fewer than 15 real
-    candidates included), padded split columns (3 splits), rows short (L <= 15: the rounds
-    skipped) or long, and the fallback to the rounds below 16 and above 64 columns (2 x 4,
-    16 x 16), at one row per program, at ``merge_config``'s rows and at 32 rows (more than
-    BLOCK_M); rows past the request stay poisoned (SPEC 5, 10)."""
-    from nvfp4_indexer.triton.topk import EMPTY
-    H, block_m, tokens = 4, 16, 7
-    rows = tokens * H
-    nb = -(-rows // block_m)
-    gen = torch.Generator().manual_seed(num_splits * 100 + keep + seq_len)
-    n = nb * block_m * num_splits * keep
-    ids = torch.randperm(2 ** 20, generator=gen)[:n].to(torch.int64)
-    scores = torch.randint(-2 ** 31, 2 ** 31, (n,), generator=gen, dtype=torch.int64)
-    cand = (scores << 32) | (0xFFFFFFFF - ids)  # distinct: the ids differ
-    cand[torch.rand(n, generator=gen) < 0.2] = int(EMPTY.value)
-    cand.view(nb * block_m, -1)[3, 2:] = int(EMPTY.value)  # row 3: two real candidates
-    qsl = torch.tensor([0, tokens], dtype=torch.int32)
-    seq = torch.tensor([seq_len], dtype=torch.int32)
-    blk = torch.tensor([0] * nb + [i * block_m for i in range(nb)], dtype=torch.int32)
-    outs = []
-    # (SORT, rows per program): one row, merge_config's rows, and 32 rows (> BLOCK_M)
-    for sort, rows_pp in ((0, 1), (1, 1), (1, HZ.merge_config(num_splits, keep, sort=True)[0]),
-                          (1, 32)):
-        out = torch.full((tokens + 2, H, 16), -99, dtype=torch.int32)
-        PREFILL._prefill_merge_kernel[(nb, -(-block_m // rows_pp))](
-            cand.to(DEV), qsl.to(DEV), seq.to(DEV), seq.to(DEV), blk.to(DEV), nb,
-            out_dev := out.to(DEV), H=H, BLOCK_M=block_m, NUM_SPLITS=num_splits,
-            SPLITS_PAD=HZ.next_pow2(num_splits), ROWS=rows_pp, KEEP=keep, SORT=sort)
-        outs.append(out_dev.cpu())
-    for got in outs[1:]:
-        assert torch.equal(got, outs[0])
-    assert bool((outs[1][tokens:] == -99).all()) and bool((outs[1][:tokens] != -99).all())
-    if seq_len > 16 * 128:  # long rows: the 15 best of each row's candidates, in order
-        keys = cand.view(nb * block_m, -1)
-        for r in (0, 3, rows - 1):
-            live = keys[r][keys[r] != int(EMPTY.value)]
-            best = live.sort(descending=True).values[:15]
-            want = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(torch.int32)
-            got = outs[1][r // H, r % H, :len(want)]
-            assert torch.equal(got, want), r
-
-
-@pytest.mark.parametrize("shape", [(1, 2, 16), (2, 4, 8), (1, 16, 16)])
-def test_merge_lab_inputs_and_launch(shape):
-    """``benchmarks.labs.merge_lab``'s inputs and launch (what the GPU lab times) under the
-    interpreter at a small BLOCK_M: SORT 0 and 1 write every row, identically, and each long
-    row's 15 picks are the best of its candidates in order."""
-    from benchmarks.labs.merge_lab import launch_merge, merge_inputs, parse_shape
-    nb, ns, keep = shape
-    outs = []
-    for sort in (0, 1):
-        inp = merge_inputs(nb, ns, keep, DEV, block_m=16, seed=5)
-        launch_merge(inp, sort)
-        outs.append(inp["out"].cpu())
-    assert torch.equal(outs[0], outs[1]) and bool((outs[0] != -99).all())
-    keys = inp["cand"].cpu().view(nb * 16, -1)
-    live = keys[0][keys[0] != -(2 ** 63)].sort(descending=True).values[:15]
-    assert torch.equal(outs[1][0, 0, :15], (0xFFFFFFFF - (live & 0xFFFFFFFF)).to(torch.int32))
-    assert parse_shape("128:2:16") == (128, 2, 16)
-    with pytest.raises(Exception):
-        parse_shape("128:2:3")

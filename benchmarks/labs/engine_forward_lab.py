@@ -1,4 +1,4 @@
-"""GPU lab: a mixed engine step's eager ``forward`` against its kernels (issue 14), in isolation.
+"""GPU lab: a mixed engine step's eager ``forward`` against its kernels, in isolation.
 
 For each mixed step of the engine suite (64 decodes of ~32K tokens + one or two prefill
 requests), the planned step runs eagerly ``--samples`` times, each call after an L2 flush
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         rows_out.append((case.name, kern.us, eager.us))
         log(f"{case.name:42s} kernels {kern.us:8.1f}  eager {eager.us:8.1f} "
             f"({eager.us / kern.us:.3f})")
-        del ix
+        ix = md = None  # free the step's buffers before the next
     print("\n| step | kernels us | eager forward us (ratio) |")
     print("|---|---:|---:|")
     for name, k, e in rows_out:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Host time of ``Indexer.plan`` and of ``Indexer.forward``'s host side, per phase (issue 14).
+"""Host time of ``Indexer.plan`` and of ``Indexer.forward``'s host side, per phase.
 
 Steps as benchmarks/engine_suite.py ``engine_cases`` (H = 4, CUDA-graph sizes 1..256): decode-only
 batches of 1 / 8 / 64 / 256 requests, Q = 1 / 4, seq lens ``make_seq_lens`` around 8_000 / 32_000 /
@@ -174,10 +174,7 @@ PLAN_PHASES = [  # (owner, attribute, label); missing ones are skipped
     (eng.Indexer, "decoder", "decoder_lookup"),
     (eng, "plan_prefill_chunks", "chunking"),
     (eng.Indexer, "_plan_prefill", "prefill_plan"),
-    (eng.Indexer, "_plan_triton_chunks", "triton_chunks"),
-    (eng, "_row_blocks", "  row_blocks"),
     (eng.Indexer, "_stage_row_blocks", "  row_blocks"),
-    (eng, "_prefill_launch", "  launch_params"),
     (eng.Indexer, "_launch_template", "  launch_params"),
     (eng._HostPlannedDecodeWrapper, "plan_from_host", "decode_copies"),
     (eng._HostPlannedDecodeWrapper, "plan_eager", "decode_in_place"),
@@ -196,8 +193,8 @@ def stub_kernels():
     import pkgutil
     import nvfp4_indexer.triton as pkg
     n = 0
-    for m in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"nvfp4_indexer.triton.{m.name}")
+    for m in pkgutil.walk_packages(pkg.__path__, "nvfp4_indexer.triton."):
+        mod = importlib.import_module(m.name)
         for obj in vars(mod).values():
             if type(obj).__name__ in ("InterpretedFunction", "JITFunction") and \
                     hasattr(obj, "run"):
@@ -317,7 +314,7 @@ def main():
                 pstats.Stats(pr).sort_stats("tottime").print_stats(25)
         if gpu:
             torch.cuda.synchronize()
-        del ix
+        ix = md = None  # free the case's buffers before the next
 
 
 if __name__ == "__main__":

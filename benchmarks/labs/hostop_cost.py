@@ -1,4 +1,4 @@
-"""GPU lab: host time of each device op an engine step issues (issue 14: ``Indexer.plan`` /
+"""GPU lab: host time of each device op an engine step issues (``Indexer.plan`` /
 ``forward`` host time).
 
 Calls are queued behind a sleeping kernel, so the GPU never waits and ``perf_counter`` over

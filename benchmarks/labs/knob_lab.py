@@ -15,9 +15,8 @@ against the default's, byte for byte (prefill: the selected pages, row for row):
   the default is the Gluon one), ``block_m`` (rows per score program), ``tokens_on_n``,
   ``dot``, ``num_warps`` and ``num_stages`` (Triton kernel knobs: the Gluon one ignores
   them); eager (it plans on the host).
-- gather: ``triton.gather.gather_into`` with ``dequant``, ``tok_block``, ``num_warps``,
-  ``page_parts``, ``streaming`` (cache hints) and the persistent kernel (``persistent``,
-  ``programs_per_sm``);
+- gather: ``triton.prefill.gather.gather_into`` with ``dequant``, ``tok_block``,
+  ``num_warps``, ``page_parts``, ``streaming`` (cache hints) and ``pages_per_program``;
   graph replays, every slot with its own workspace.
 - insert: ``triton.insert.insert_index_k`` with ``block_t`` and ``num_warps``; graph replays
   over rotated key / slot sets.
@@ -50,7 +49,6 @@ PREFILL_VARIANTS = {
     "w8": {"kernel": "triton", "num_warps": 8},
     "m256 w8": {"block_m": 256, "num_warps": 8},
     "gather no stream": {"gather_streaming": False},
-    "gather pers k16": {"gather_persistent": True, "gather_programs_per_sm": 16},
     "fp8 dot": {"dot": "fp8"},  # on SM90: the Gluon kernel's E4M3 form where it runs
     "fp8 dot triton": {"dot": "fp8", "kernel": "triton"},  # the Triton kernel's fp8 everywhere
 }
@@ -68,11 +66,6 @@ GATHER_VARIANTS = {
     "parts8 w1": {"page_parts": 8, "num_warps": 1},
     "tb32": {"tok_block": 32},
     "no stream": {"streaming": False},
-    "pers k8": {"persistent": True, "programs_per_sm": 8},
-    "pers k16": {"persistent": True, "programs_per_sm": 16},
-    "pers k32": {"persistent": True, "programs_per_sm": 32},
-    "pers k8 w2": {"persistent": True, "programs_per_sm": 8, "num_warps": 2},
-    "pers k16 parts4": {"persistent": True, "programs_per_sm": 16, "page_parts": 4},
 }
 GATHER_CASES = [(16_384, 131_072, 4), (1_024, 131_072, 4), (4_096, 131_072, 1),
                 (16_384, 32_768, 4), (1_024, 32_768, 1)]
@@ -235,7 +228,7 @@ def gather_inputs(ctx, case) -> tuple:
 
 
 def _gather_case(ctx, case, variants: dict) -> bool:
-    from nvfp4_indexer.triton import gather as tg
+    from nvfp4_indexer.triton.prefill import gather as tg
     tr, slots, _width, tables, seq, offsets, max_pages = gather_inputs(ctx, case)
     wss = [torch.full((tr.history_pages, 128, 128), 0x5A, dtype=torch.uint8,
                       device=ctx.device) for _ in range(slots)]

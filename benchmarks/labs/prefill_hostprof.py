@@ -1,4 +1,4 @@
-"""Host time against device time of one eager ``triton.prefill.prefill_indexer`` call (issue 15).
+"""Host time against device time of one eager ``triton.prefill.prefill_indexer`` call.
 
 Usage (one GPU)::
 

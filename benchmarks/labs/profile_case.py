@@ -15,7 +15,7 @@ Usage (one GPU)::
 - ``prefill NEW CONTEXT REQUESTS``: ``triton.prefill.prefill_indexer`` with the API's default
   gather budget (``key=value``: ``PrefillConfig`` fields, ``gather_X`` for its gather's, e.g.
   ``block_m=64``).
-- ``gather NEW CONTEXT REQUESTS``: ``triton.gather.gather_into`` of the prefill case's
+- ``gather NEW CONTEXT REQUESTS``: ``triton.prefill.gather.gather_into`` of the prefill case's
   history pages (``key=value``: ``GatherConfig`` fields, e.g. ``streaming=true``).
 
 Each runs ``--calls`` times (default 3; the profiler picks the launch) on a page pool of
@@ -126,7 +126,7 @@ def run_prefill(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
 
 def run_gather(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
     from benchmarks import workloads as wl
-    from nvfp4_indexer.triton import gather as tg
+    from nvfp4_indexer.triton.prefill import gather as tg
     case, dev, sl, pool, bt, width, seq, cu = _prefill_setup(new, context, reqs)
     pages = [wl.history_pages(s) for s in sl]
     offsets = torch.tensor([0] + pages, device=dev).cumsum(0).to(torch.int32)

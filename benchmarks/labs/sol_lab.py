@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_indexer.triton.gather import _load_tile
+from nvfp4_indexer.triton.prefill.gather import _load_tile
 from nvfp4_indexer.triton.layout import PAGE, WS_PAGE, num_history_pages
 
 from . import knob_lab as kl
@@ -154,7 +154,7 @@ GATHER_CASES = [(1_024, 32_768, 4), (4_096, 131_072, 1), (16_384, 32_768, 4),
 
 
 def gather_part(ctx) -> None:
-    from nvfp4_indexer.triton import gather as tg
+    from nvfp4_indexer.triton.prefill import gather as tg
     from nvfp4_indexer.triton.config import GatherConfig
 
     from .. import workloads as wl

@@ -3,6 +3,8 @@ the workspace ("Q8KV8") and select (SPEC 7)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 import torch
@@ -21,7 +23,8 @@ def max_gather_pages(max_model_len: int, max_num_batched_tokens: int) -> int:
 
 def plan_chunks(pages: list[int], budget: int) -> list[tuple[int, int]]:
     """Split requests (their history page counts, in order) into ``[start, end)`` chunks whose
-    pages fit ``budget``; each chunk holds at least one request (SPEC 7).
+    pages fit ``budget``, greedily: each chunk takes requests while their sum fits; each holds
+    at least one request (SPEC 7). Host ints only (prefix sums and a bisection per chunk).
 
     Raises:
         ValueError: a single request needs more than ``budget`` pages.
@@ -30,12 +33,15 @@ def plan_chunks(pages: list[int], budget: int) -> list[tuple[int, int]]:
         if n > budget:
             raise ValueError(f"max_gather_pages={budget} is smaller than request {r}'s "
                              f"{n} history pages; expected max_gather_pages >= {max(pages)}")
+    n = len(pages)
+    if n <= 1:
+        return [(0, n)] if n else []
+    cs = list(itertools.accumulate(pages, initial=0))
+    if cs[n] <= budget:
+        return [(0, n)]
     chunks, start = [], 0
-    while start < len(pages):
-        end, total = start, 0
-        while end < len(pages) and total + pages[end] <= budget:
-            total += pages[end]
-            end += 1
+    while start < n:
+        end = max(bisect.bisect_right(cs, cs[start] + budget) - 1, start + 1)
         chunks.append((start, end))
         start = end
     return chunks

@@ -9,14 +9,15 @@ used; every launcher is imported here explicitly, so grep and IDEs see who calls
 - ``dequantize``: ``dequantize_nvfp4`` (SPEC 1.4).
 - ``insert``: fused RMSNorm + RoPE + quantize + paged write, ``insert_index_k`` (SPEC 3).
 - ``query``: fused RMSNorm + RoPE + E4M3 encode of index queries, ``prepare_index_q`` (SPEC 3).
-- ``gather``: history pages -> FP8 workspace, ``gather_index_k_fp8`` / ``gather_into`` (SPEC 7).
 - ``scores``: ``page_scores`` (SPEC 4).
 - ``decode``: ``DecodeRunner`` / ``decode_indexer`` (SPEC 5, 6), ``ContextParallelRunner``
   (SPEC 8.2), their kernels and ``decode.dispatch``, the rule that picks them.
-- ``prefill``: ``prefill_indexer`` (SPEC 5, 7).
+- ``prefill``: ``prefill_indexer`` (SPEC 5, 7) and the gather of history pages into the FP8
+  workspace, ``gather_index_k_fp8`` / ``gather_into`` (SPEC 7); their kernels and
+  ``prefill.dispatch``, the rule that picks them.
 - ``config``: the launchers' tuning configs (``DecodeConfig``, ``PrefillConfig``,
   ``GatherConfig``, ``InsertConfig``); ``heuristics``: the host rules that pick launch
-  shapes (SM count, splits, windows, scratch sizes, row blocks).
+  shapes (splits, windows, scratch sizes).
 
 Kernels run on Hopper (SM90) and Blackwell GPUs and, for tests, on CPU tensors under the Triton
 interpreter. ``TRITON_INTERPRET=1`` must be in the environment *before* this package is first
@@ -34,9 +35,8 @@ from .config import DecodeConfig, GatherConfig, InsertConfig, PrefillConfig
 from .decode import ContextParallelRunner, DecodeRunner, decode_indexer, score_buffer_size
 from .dequantize import dequantize_nvfp4
 from .encode import encode_e4m3
-from .gather import gather_index_k_fp8, gather_into
 from .insert import insert_index_k
-from .prefill import prefill_indexer
+from .prefill import gather_index_k_fp8, gather_into, prefill_indexer
 from .quantize import quantize_nvfp4, write_index_k
 from .query import prepare_index_q
 from .scores import page_scores

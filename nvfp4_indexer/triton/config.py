@@ -142,23 +142,16 @@ class GatherConfig(_Config):
         dequant: "ptx" (default on a CUDA SM89+ GPU unless portable) or "triton" (the only
             mode under the interpreter / portable).
         tok_block: tokens per inner step, one of 8, 16, 32, 64, 128 (default
-            ``GATHER_TOK_BLOCK``, 128 under the interpreter; capped at 128 / page_parts).
+            ``prefill.dispatch.GATHER_TOK_BLOCK``, 128 under the interpreter; capped at
+            128 / page_parts).
         num_warps: warps per program, one of 1, 2, 4, 8, 16 (default ``GATHER_NUM_WARPS``).
         page_parts: programs per page, one of 1, 2, 4, 8 (default ``GATHER_PAGE_PARTS``, 1
             under the interpreter).
         streaming: evict-first page loads and streaming (``.cs``) workspace stores in the
             "ptx" mode (default ``GATHER_STREAMING``).
-        persistent: the persistent kernel (``gather._gather_persistent_kernel``: about
-            ``programs_per_sm`` programs per SM looping over (page, part) work items, the next
-            items' block id and page bytes prefetched) rather than one program per page part
-            (default ``GATHER_PERSISTENT``); it moves a part in one step (``tok_block`` does
-            not apply).
-        programs_per_sm: the persistent grid's programs per SM, an int in 1..256 (default
-            ``GATHER_PROGRAMS_PER_SM``; unused unless persistent).
-        pages_per_program: pages each program of the grid kernel moves (its part of each),
-            1 or 2, every page's loads issued before any store (default
-            ``heuristics.gather_pages_per_program`` per launch; unused by the persistent
-            kernel).
+        pages_per_program: pages each program moves (its part of each), 1 or 2, every
+            page's loads issued before any store (default
+            ``prefill.dispatch.gather_pages_per_program`` per launch).
     Raises:
         ValueError: a field outside its set.
     """
@@ -168,8 +161,6 @@ class GatherConfig(_Config):
     num_warps: int | None = None
     page_parts: int | None = None
     streaming: bool | None = None
-    persistent: bool | None = None
-    programs_per_sm: int | None = None
     pages_per_program: int | None = None
 
     TOK_BLOCKS = (8, 16, 32, 64, 128)
@@ -182,15 +173,13 @@ class GatherConfig(_Config):
         _ints(self, tok_block=dict(choices=self.TOK_BLOCKS, optional=True),
               num_warps=dict(choices=self.NUM_WARPS, optional=True),
               page_parts=dict(choices=self.PAGE_PARTS, optional=True),
-              programs_per_sm=dict(lo=1, hi=256, optional=True),
               pages_per_program=dict(choices=self.PAGES_PER_PROGRAM, optional=True))
         _opt_bool("streaming", self.streaming)
-        _opt_bool("persistent", self.persistent)
 
 
 @dataclass(frozen=True)
 class PrefillConfig(_Config):
-    """Tuning of ``prefill.prefill_indexer`` (SPEC 7).
+    """Tuning of ``prefill.prefill_indexer`` (SPEC 7; rules: ``prefill.dispatch``).
 
     Fields:
         dot: dot mode, one of ``DOT_MODES`` (default fp16 on a GPU, fp32 under the
@@ -200,29 +189,23 @@ class PrefillConfig(_Config):
             otherwise (``kernel="triton"``, ``window`` / ``num_stages`` given, tokens on M,
             other GPUs) every chunk runs the Triton kernel's fp8.
         num_splits: NUM_SPLITS, an int in 1..``MAX_SPLITS`` (default
-            ``heuristics.prefill_num_splits``).
+            ``prefill_num_splits``).
         window: top-k window, one of 1, 2, ..., 64 with window * BLOCK_M <= 4096 (checked at
             launch; default ``heuristics.choose_window``: 1 below 32 pages per split).
         block_m: (token, head) rows per score program, one of 16..256 (powers of two;
-            default ``heuristics.prefill_block_m``).
+            default ``prefill_block_m``).
         num_warps: score-kernel warps, one of 1, 2, 4, 8. num_stages: 1..4 (default: per
-            chunk, ``heuristics.prefill_launch``'s ``stages``, as the Indexer's).
+            chunk, ``prefill_launch``'s ``stages``, as the Indexer's).
         tokens_on_n: page tokens on the MMA's N axis (the max over tokens stays in
             registers) rather than M (default: True for the 16-bit GPU dot modes,
             ``TOKENS_ON_N_DOTS``).
         gather: the workspace gather's ``GatherConfig``.
-        kernel: score kernel, "triton" (``prefill._prefill_score_kernel``) or "wgmma" (the
+        kernel: score kernel, "triton" (``prefill.prefill_score_kernel``) or "wgmma" (the
             Gluon ``prefill_wgmma``, CUDA SM90 with dot fp16 or fp8 and tokens on N; chunks it does
             not take -- at most 8 pages per split, BLOCK_M other than 128 -- run the Triton
             kernel; it takes no window, num_warps or num_stages); default: "wgmma" where it
-            can run (``heuristics.prefill_wgmma_ok``) unless ``window`` or ``num_stages`` is
-            given (Triton-kernel knobs: then "triton").
-        direct: True: chunks on the Gluon kernel read their pages straight from the cache
-            (``prefill_wgmma_direct_kernel``: no gather, no workspace; the same operands, so
-            the same selections) when the cache's base and page stride are 16-byte aligned;
-            False: gather into the workspace first; default ``heuristics.PREFILL_DIRECT``
-            (False: slower on the H200). Ignored with dot "fp8" (the direct converter widens
-            to fp16): those chunks gather.
+            can run (``prefill_wgmma_ok``) unless ``window`` or ``num_stages`` is given
+            (Triton-kernel knobs: then "triton").
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
@@ -236,11 +219,9 @@ class PrefillConfig(_Config):
     tokens_on_n: bool | None = None
     gather: GatherConfig = field(default_factory=GatherConfig)
     kernel: str | None = None
-    direct: bool | None = None
 
     def __post_init__(self):
         _choice("dot", self.dot, DOT_MODES)
-        _opt_bool("direct", self.direct)
         _choice("kernel", self.kernel, ("triton", "wgmma"))
         _ints(self, num_splits=dict(lo=1, hi=hz.MAX_SPLITS, optional=True),
               window=dict(choices=POW2_WINDOWS, optional=True),

@@ -122,8 +122,8 @@ def score_row_block():
 @triton.jit
 def block_rows_info(qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, blk, rows,
                     H: tl.constexpr):
-    """Rows of row block ``blk`` (see ``heuristics.plan_row_blocks``; ``blk_ptr`` holds int32
-    ``[2, num_blocks]``: request, first row), for in-block row indices ``rows [R]``.
+    """Rows of row block ``blk`` (see ``prefill.dispatch.plan_row_blocks``; ``blk_ptr`` holds
+    int32 ``[2, num_blocks]``: request, first row), for in-block row indices ``rows [R]``.
 
     Request r's seq len is ``max(min(seq_lens[r], caps[r]), 0)``: ``caps`` are the seq lens
     the host planned with (SPEC 8.1: the device values are the truth, the host copies an upper

@@ -1,7 +1,7 @@
 """Triton page scores: page maxima of every query row read from the NVFP4 pages (SPEC 4).
 
 Grid ``(row blocks, page groups)``: a row block is up to ``BLOCK_M`` (token, head) rows of
-one request (``heuristics.plan_row_blocks``); program (k, g) scores the block's pages
+one request (``prefill.dispatch.plan_row_blocks``); program (k, g) scores the block's pages
 ``[g * PAGES_PER_PROGRAM, (g + 1) * PAGES_PER_PROGRAM)`` below the block's largest local page
 and stores each page maximum where ``j < L`` of the row. Everything else of the
 ``[T, H, W]`` output is -inf (filled before the launch). Scores carry the dot mode's rounding
@@ -10,18 +10,20 @@ error (``decode.SCORE_ERROR_BITS``); the page maximum's NaN rules are exact.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .dot_modes import resolve_dot
-from .heuristics import SCORES_MAX_BLOCK_M, plan_row_blocks, prefill_block_m
 from .device import device_guard
 from .operands import load_q_pairs_t
 from .scan import block_rows_info
+from .prefill.dispatch import plan_row_blocks, prefill_block_m
 from .scoring import nvfp4_page_scores
 
 PAGES_PER_PROGRAM = 8
+SCORES_MAX_BLOCK_M = 64  # (token, head) rows per program
 
 
 @triton.jit
@@ -66,17 +68,17 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     r, w = block_table.shape
     dev = index_q.device
     out = torch.full((t, h, w), float("-inf"), dtype=torch.float32, device=dev)
-    qsl = query_start_loc.tolist()
-    sl = seq_lens.tolist()
-    longest = max([qsl[i + 1] - qsl[i] for i in range(r)] + [1])
+    q_lens = np.diff(np.asarray(query_start_loc.tolist(), dtype=np.int64))
+    sl = np.asarray(seq_lens.tolist(), dtype=np.int64)
+    longest = max(int(q_lens.max()) if r else 0, 1)
     block_m = prefill_block_m(longest, h, SCORES_MAX_BLOCK_M)
-    reqs, row0s, pages = plan_row_blocks(qsl, sl, h, block_m, range(r))
-    if not reqs or max(pages) == 0:
+    reqs, row0s, pages = plan_row_blocks(q_lens, sl, h, block_m)
+    if not len(reqs) or int(pages.max()) == 0:
         return out
-    blocks = torch.tensor([reqs, row0s], dtype=torch.int32).to(dev)
+    blocks = torch.from_numpy(np.concatenate((reqs, row0s)).astype(np.int32)).to(dev)
     q8 = index_q.view(torch.uint8)
     dot = resolve_dot(dot, dev)
-    grid = (len(reqs), triton.cdiv(max(pages), PAGES_PER_PROGRAM))
+    grid = (len(reqs), triton.cdiv(int(pages.max()), PAGES_PER_PROGRAM))
     with device_guard(dev):
         _page_scores_kernel[grid](
             q8, q8.stride(0), q8.stride(1), cache, cache.stride(0), block_table,

@@ -8,8 +8,8 @@ Scores: a token score is the fp32 dot; NaN token scores are skipped by the page 
 whose 128 token scores are all NaN scores NaN (SPEC 4). No other values are special: E4M3 has
 no infinities and |q . k| <= 128 * 448^2 is finite.
 
-``plan_row_blocks`` (host) plans the row blocks of the prefill scorer and ``page_scores``;
-their kernels read a block's rows with ``scan.block_rows_info``.
+``prefill.dispatch.plan_row_blocks`` (host) plans the row blocks of the prefill scorer and
+``page_scores``; their kernels read a block's rows with ``scan.block_rows_info``.
 """
 
 from __future__ import annotations

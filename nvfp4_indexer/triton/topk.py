@@ -21,7 +21,7 @@ row are always among the union of the per-split lists. A list is updated per pag
 ``heuristics.choose_window``). ``write_selection`` (used by the merge kernels and by
 single-split scorers directly) picks the final 15 by 15 rounds of max-and-remove, skipped when
 every row is short, or with ``SORT=1`` by one bitonic top-16 (the prefill merge's default
-where a row has 16-64 candidates: ``heuristics.PREFILL_MERGE_SORT``).
+where a row has 16-64 candidates: ``prefill.launch.plan_prefill_chunk``).
 
 Candidate scratch layout used by the scorers: int64 ``[rows, NUM_SPLITS, KEEP]`` (a row's
 candidates contiguous), written completely by every split program, so no initialization is

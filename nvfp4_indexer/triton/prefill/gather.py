@@ -11,37 +11,33 @@ Dequantization modes (the ``DEQUANT`` constexpr, ``GatherConfig(dequant=...)``):
 - "triton": fp32 per value from Triton ops (``dequantize.dequant_code_tile``); the only mode
   under the interpreter / with ``PORTABLE`` (integer-bit E4M3 encoder).
 
-Kernels (``GatherConfig(persistent=...)``), the same bytes either way:
-
-- ``_gather_kernel`` (default): one program per (page part, request, PAGES pages); each walks
-  the dependent chain lengths / offsets -> block table -> page -> store once, with the loads
-  of its PAGES (1 or 2: ``heuristics.gather_pages_per_program``) pages in flight together.
-- ``_gather_persistent_kernel``: about ``programs_per_sm`` programs per SM, each looping over
-  (page, part) work items with a grid stride, the next item's page bytes and the one after's
-  block id in flight while an item is stored (the chain overlaps the stores); the number of
-  items is read on the device, so the grid depends on host shapes only (CUDA graphs).
+``gather_kernel``: one program per (page part, request, PAGES pages); each walks the
+dependent chain lengths / offsets -> block table -> page -> store once, with the loads of its
+PAGES (1 or 2: ``dispatch.gather_pages_per_program``) pages in flight together.
+``GatherLauncher`` resolves a tuning once and plans / launches it with little host work (the
+``Indexer``'s gathers); ``gather_into`` is the one-call form.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..constants import HEAD_DIM, PAGE_SIZE
-from ..reference.paging import history_pages
-from . import heuristics as hz
-from ..validation import check_int
-from .config import GatherConfig, check_config
-from .dequantize import dequant_code_tile
-from .device import device_guard, interpreting, portable_default
-from .layout import (CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, WS_PAGE,
-                     num_history_pages)
-from .ptx import dequant_e4m3_bytes
-
-MAX_GRID_Y = 65535  # CUDA's grid y limit: requests per launch
+from ...constants import HEAD_DIM, PAGE_SIZE
+from ...reference.paging import history_pages
+from ...validation import check_int
+from ..config import GatherConfig, check_config
+from ..dequantize import dequant_code_tile
+from ..device import device_guard, interpreting, portable_default
+from ..launcher import CachedLaunch
+from ..layout import CODE_BYTES, GROUPS, HEAD, PAGE, SCALES_OFFSET, WS_PAGE, num_history_pages
+from ..ptx import dequant_e4m3_bytes
+from .dispatch import (MAX_GRID_Y, gather_defaults, gather_grid, gather_pages_per_program,
+                       gather_request_ranges)
 
 
 @triton.jit
@@ -101,11 +97,11 @@ def _store_tile(out_page, tok0, codes, scales, TILE: tl.constexpr, DEQUANT: tl.c
 
 
 @triton.jit
-def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
-                   ws_pages, width, num_blocks, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
-                   TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton",
-                   PAGE_PARTS: tl.constexpr = 1, STREAM: tl.constexpr = False,
-                   PAGES: tl.constexpr = 1):
+def gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr, ws_ptr,
+                  ws_pages, width, num_blocks, FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
+                  TOK_BLOCK: tl.constexpr, DEQUANT: tl.constexpr = "triton",
+                  PAGE_PARTS: tl.constexpr = 1, STREAM: tl.constexpr = False,
+                  PAGES: tl.constexpr = 1):
     """Program (i * PAGE_PARTS + part, r): part ``part`` (128 / PAGE_PARTS tokens) of request
     r's logical pages j = PAGES * i + p (p < PAGES, PAGES 1 or 2), each if j < its page count
     clamped to ``width`` (``gather_into`` passes min(W, max_pages): the grid's pages),
@@ -154,109 +150,10 @@ def _gather_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_p
                                 DEQUANT, PORTABLE, STREAM)
 
 
-@triton.jit
-def _request_items(len_ptr, off_ptr, r, num_reqs, width, FROM_SEQ_LENS: tl.constexpr,
-                   PAGE_PARTS: tl.constexpr):
-    """(work items, workspace page of page 0) of request r, both int64: its page count
-    (``_gather_kernel``'s: clamped to ``[0, width]``) times PAGE_PARTS; (0, 0) past the last
-    request (r >= num_reqs)."""
-    live = r < num_reqs
-    length = tl.load(len_ptr + r, mask=live, other=0).to(tl.int64)
-    if FROM_SEQ_LENS:
-        num_pages = num_history_pages(length)  # SPEC 4, 7
-    else:
-        num_pages = length
-    num_pages = tl.maximum(tl.minimum(num_pages, width), 0)  # SPEC 10: inside the row
-    return num_pages * PAGE_PARTS, tl.load(off_ptr + r, mask=live, other=0).to(tl.int64)
-
-
-@triton.jit
-def _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
-            FROM_SEQ_LENS: tl.constexpr, PAGE_PARTS: tl.constexpr):
-    """Move the cursor (request r, global index ``base`` of its first item, its items ``n``,
-    its ``off``) forward to the request holding item ``t`` (r = num_reqs past the last
-    item); t never decreases, so every program reads each request's length once."""
-    while (r < num_reqs) & (t >= base + n):
-        base += n
-        r += 1
-        n, off = _request_items(len_ptr, off_ptr, r, num_reqs, width, FROM_SEQ_LENS,
-                                PAGE_PARTS)
-    return r, base, n, off
-
-
-@triton.jit
-def _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs, ws_pages, num_blocks,
-          PAGE_PARTS: tl.constexpr):
-    """Item ``t`` of the cursor's request r: (stored?, workspace page, first token, block
-    id clamped to the cache). Local item ``t - base`` is part ``% PAGE_PARTS`` of page
-    ``// PAGE_PARTS``; items past the last request or outside ``[0, ws_pages)`` are not
-    stored and read no block-table entry (block 0)."""
-    li = t - base
-    j = li // PAGE_PARTS
-    dst = off + j
-    ok = (r < num_reqs) & (dst >= 0) & (dst < ws_pages)
-    block = tl.load(bt_ptr + r.to(tl.int64) * bt_row_stride + j, mask=ok, other=0)
-    block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)  # inside the cache
-    tok0 = (li % PAGE_PARTS).to(tl.int32) * (PAGE // PAGE_PARTS)
-    return ok, dst, tok0, block
-
-
-@triton.jit
-def _gather_persistent_kernel(cache_ptr, page_stride, bt_ptr, bt_row_stride, len_ptr, off_ptr,
-                              ws_ptr, ws_pages, width, num_blocks, num_reqs,
-                              FROM_SEQ_LENS: tl.constexpr, PORTABLE: tl.constexpr,
-                              DEQUANT: tl.constexpr = "triton", PAGE_PARTS: tl.constexpr = 1,
-                              STREAM: tl.constexpr = False):
-    """Persistent form of ``_gather_kernel`` (same bytes written): work item t is one part
-    (128 / PAGE_PARTS tokens, one tile) of one page, items numbered request by request, page
-    by page (request r's pages ``j < min(n_r, width)``; ``gather_into`` passes
-    ``min(W, max_pages)`` as ``width``, the default grid's bound); program p takes items p, p + G, ...
-    (G programs) until past the last request's, a bound read on the device. Software
-    pipeline: while item k is dequantized and stored, item k + 1's page bytes and item
-    k + 2's block id are in flight."""
-    PART: tl.constexpr = PAGE // PAGE_PARTS
-    step = tl.num_programs(0).to(tl.int64)
-    t = tl.program_id(0).to(tl.int64)
-    r = tl.program_id(0) * 0
-    base = t * 0
-    n, off = _request_items(len_ptr, off_ptr, r, num_reqs, width, FROM_SEQ_LENS, PAGE_PARTS)
-    # item k (tile loaded), item k + 1 (block id loaded)
-    r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
-                              FROM_SEQ_LENS, PAGE_PARTS)
-    live = r < num_reqs
-    ok, dst, tok0, block = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs, ws_pages,
-                                 num_blocks, PAGE_PARTS)
-    codes, scales = _load_tile(cache_ptr + block * page_stride, tok0, ok, PART, DEQUANT,
-                               STREAM)
-    t += step
-    r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
-                              FROM_SEQ_LENS, PAGE_PARTS)
-    live1 = r < num_reqs
-    ok1, dst1, tok1, block1 = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs,
-                                    ws_pages, num_blocks, PAGE_PARTS)
-    while live:
-        # issue item k + 1's page loads and item k + 2's block-table load, then store item k
-        codes1, scales1 = _load_tile(cache_ptr + block1 * page_stride, tok1, ok1, PART,
-                                     DEQUANT, STREAM)
-        t += step
-        r, base, n, off = _locate(t, r, base, n, off, len_ptr, off_ptr, num_reqs, width,
-                                  FROM_SEQ_LENS, PAGE_PARTS)
-        live2 = r < num_reqs
-        ok2, dst2, tok2, block2 = _item(t, r, base, off, bt_ptr, bt_row_stride, num_reqs,
-                                        ws_pages, num_blocks, PAGE_PARTS)
-        if ok:
-            _store_tile(ws_ptr + dst * WS_PAGE, tok0, codes, scales, PART, DEQUANT, PORTABLE,
-                        STREAM)
-        live, ok, dst, tok0, codes, scales = live1, ok1, dst1, tok1, codes1, scales1
-        live1, ok1, dst1, tok1, block1 = live2, ok2, dst2, tok2, block2
-
-
 class GatherTuning(NamedTuple):
-    """A gather launch's resolved tuning (``resolve_tuning``): the kernels' constexprs
-    PORTABLE, DEQUANT, TOK_BLOCK, PAGE_PARTS, STREAM, the launch's ``num_warps``, the
-    kernel choice: ``persistent`` (``_gather_persistent_kernel``, about ``programs_per_sm``
-    programs per SM) or not (``_gather_kernel``, one program per page part of
-    ``pages_per_program`` pages: its PAGES)."""
+    """A gather launch's resolved tuning (``resolve_tuning``): the kernel's constexprs
+    PORTABLE, DEQUANT, TOK_BLOCK, PAGE_PARTS, STREAM, the launch's ``num_warps`` and PAGES
+    (``pages_per_program``; None: ``dispatch.gather_pages_per_program`` per launch)."""
 
     portable: bool
     dequant: str
@@ -264,26 +161,21 @@ class GatherTuning(NamedTuple):
     num_warps: int
     page_parts: int
     streaming: bool
-    persistent: bool
-    programs_per_sm: int
-    pages_per_program: int | None  # None: heuristics.gather_pages_per_program per launch
+    pages_per_program: int | None
 
     def pages_for(self, num_reqs: int, max_pages: int, width: int, device,
                   sms: int | None = None) -> int:
         """PAGES of a launch with this tuning on host shapes (requests, max pages, table
-        width W): 1 for the persistent kernel (it takes none), else ``pages_per_program`` or
-        ``heuristics.gather_pages_per_program`` (``sms``: the device's SM count if known)."""
-        if self.persistent:
-            return 1
-        return self.pages_per_program or hz.gather_pages_per_program(
+        width W): ``pages_per_program`` or ``dispatch.gather_pages_per_program`` (``sms``: the
+        device's SM count if known)."""
+        return self.pages_per_program or gather_pages_per_program(
             num_reqs, max_pages, width, self.page_parts, self.num_warps, device, sms)
 
 
 def resolve_tuning(device, portable: bool | None = None,
                    config: GatherConfig | None = None) -> GatherTuning:
-    """The ``GatherTuning`` of a gather launch on ``device``: ``(portable, dequant, tok_block,
-    num_warps, page_parts, streaming, persistent, programs_per_sm, pages_per_program)``
-    (``heuristics.gather_defaults`` for the fields ``config`` leaves None).
+    """The ``GatherTuning`` of a gather launch on ``device`` (``dispatch.gather_defaults``
+    for the fields ``config`` leaves None).
 
     Raises:
         ValueError: ``config`` not None or a ``GatherConfig``; dequant "ptx" under the
@@ -295,9 +187,97 @@ def resolve_tuning(device, portable: bool | None = None,
                                  or torch.device(device).type != "cuda"):
         raise ValueError("dequant: 'ptx' needs a CUDA GPU (SM89+) with portable=False, not "
                          "the interpreter / CPU / portable mode")
-    return GatherTuning(portable, *hz.gather_defaults(
+    return GatherTuning(portable, *gather_defaults(
         device, portable, cfg.dequant, cfg.tok_block, cfg.num_warps, cfg.page_parts,
-        cfg.streaming, cfg.persistent, cfg.programs_per_sm, cfg.pages_per_program))
+        cfg.streaming), cfg.pages_per_program)
+
+
+class GatherLauncher:
+    """The gather kernel with one resolved tuning (SPEC 7), launched through ``CachedLaunch``
+    (little host work per launch; no allocation, no sync: CUDA-graph capturable).
+
+    Args:
+        device: where the launches run. portable / config: as ``resolve_tuning``.
+        lengths_are_seq_lens: the ``FROM_SEQ_LENS`` constexpr (lengths are seq lens, else
+            page counts).
+    ``plan`` turns host shapes into launches (grid and argument views), ``run`` launches them;
+    ``kernel(cache, workspace)`` is the launch a cache / workspace pair takes ("ptx" reads
+    uint16 code pairs and writes uint32 words: a workspace not 4-byte aligned or a cache not
+    2-byte aligned takes the byte path, "triton").
+    Raises:
+        ValueError: as ``resolve_tuning``.
+    """
+
+    def __init__(self, device, *, portable: bool | None = None,
+                 config: GatherConfig | None = None, lengths_are_seq_lens: bool = True):
+        self.tuning = tun = resolve_tuning(device, portable, config)
+        self.explicit_ptx = isinstance(config, GatherConfig) and config.dequant == "ptx"
+        base = dict(FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=tun.portable,
+                    TOK_BLOCK=tun.tok_block, PAGE_PARTS=tun.page_parts, STREAM=tun.streaming,
+                    num_warps=tun.num_warps)
+        self._kernels = {(p, d): CachedLaunch(gather_kernel, **base, PAGES=p, DEQUANT=d)
+                         for p in (1, 2) for d in {tun.dequant, "triton"}}
+
+    def kernels(self, cache: torch.Tensor, ws8: torch.Tensor) -> dict:
+        """``{PAGES: CachedLaunch}`` of the launches that read ``cache`` and write ``ws8``
+        (the tuning's dequant, or "triton" where "ptx" would read / write misaligned words).
+
+        Raises:
+            ValueError: misaligned views with dequant "ptx" asked for explicitly.
+        """
+        dequant = self.tuning.dequant
+        if dequant == "ptx" and (ws8.data_ptr() % 4 or cache.data_ptr() % 2
+                                 or cache.stride(0) % 2):
+            if self.explicit_ptx:
+                raise ValueError("dequant: 'ptx' needs a 4-byte aligned workspace and a 2-byte "
+                                 "aligned cache (base and page stride)")
+            dequant = "triton"
+        return {1: self._kernels[1, dequant], 2: self._kernels[2, dequant]}
+
+    def plan(self, n: int, block_table: torch.Tensor, lengths: torch.Tensor,
+             page_offsets: torch.Tensor, max_pages: int, width: int, device=None,
+             sms: int | None = None, max_reqs: int = MAX_GRID_Y) -> tuple[int, list]:
+        """``(PAGES, launches)`` of a gather of requests ``0 .. n-1`` (rows of
+        ``block_table`` / ``lengths`` / ``page_offsets``, which may be longer) whose page
+        counts are at most ``max_pages`` (host int) over block-table rows ``width`` wide:
+        ``launches`` lists ``((grid x, grid y), (block table, its row stride, lengths, page
+        offsets))`` per ``dispatch.gather_request_ranges`` range (views of the arguments, the
+        first unsliced; ``max_reqs`` requests per launch at most). ``device`` / ``sms``: the
+        device or its SM count (host time)."""
+        pages = self.tuning.pages_for(n, max_pages, width, device, sms)
+        x = gather_grid(max_pages, width, self.tuning.page_parts, pages)
+        bts = block_table.stride(0)
+        launches = []
+        for r0, r1 in gather_request_ranges(n, max_reqs):
+            if r0 == 0:
+                launches.append(((x, r1), (block_table, bts, lengths, page_offsets)))
+            else:
+                launches.append(((x, r1 - r0), (block_table[r0:], bts, lengths[r0:],
+                                                page_offsets[r0:])))
+        return pages, launches
+
+    @staticmethod
+    def run(kernel, launches: list, cache: torch.Tensor, ws8: torch.Tensor, width: int) -> None:
+        """Launch ``plan``'s ``launches`` with ``kernel`` (one of ``kernels()``'s): pages
+        ``j < min(n_r, width)`` of each request into ``ws8`` (uint8 ``[P, 128, 128]``)."""
+        cs, n_cache, ws_pages = cache.stride(0), cache.shape[0], ws8.shape[0]
+        for grid, (bt, bts, lengths, offsets) in launches:
+            kernel(grid, cache, cs, bt, bts, lengths, offsets, ws8, ws_pages, width, n_cache)
+
+
+def gather_launcher(device, *, portable: bool | None = None, config: GatherConfig | None = None,
+                    lengths_are_seq_lens: bool = True) -> GatherLauncher:
+    """A ``GatherLauncher`` (cached per device, portable, config and ``lengths_are_seq_lens``:
+    host time). Raises as ``resolve_tuning``."""
+    if config is not None and not isinstance(config, GatherConfig):
+        check_config("config", config, GatherConfig)  # raises the ValueError
+    return _cached_launcher(torch.device(device), portable, config, lengths_are_seq_lens)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_launcher(device, portable, config, lengths_are_seq_lens) -> GatherLauncher:
+    return GatherLauncher(device, portable=portable, config=config,
+                          lengths_are_seq_lens=lengths_are_seq_lens)
 
 
 def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
@@ -317,26 +297,24 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
         page_offsets: int32/int64 ``[>= R]`` destination page of each request's page 0.
         workspace: ``float8_e4m3fn`` (or uint8) ``[P, 128, 128]``, contiguous; pages outside
             ``[0, P)`` are skipped, pages not gathered are left untouched.
-        max_pages: host int >= every n_r. The default kernel's grid is
-            ``(ceil(min(max_pages, W) / pages_per_program) * page_parts, R)``, R split over
-            launches of at most ``MAX_GRID_Y`` requests, pages past n_r exit; the persistent
-            kernel's is ``heuristics.gather_grid`` (one launch; it reads the n_r on the
-            device). Either writes pages ``< min(max_pages, W)`` only, whatever the n_r.
+        max_pages: host int >= every n_r. The grid is ``(ceil(min(max_pages, W) /
+            pages_per_program) * page_parts, R)``, R split over launches of at most
+            ``dispatch.MAX_GRID_Y`` requests, pages past n_r exit; pages ``>= min(max_pages,
+            W)`` are never written, whatever the n_r.
         portable: force the PORTABLE constexpr (tests); default True under the interpreter /
             off CUDA.
         config: tuning (``config.GatherConfig``: dequant, tok_block, num_warps, page_parts,
-            streaming, persistent, programs_per_sm, pages_per_program); None = defaults
-            (``heuristics.gather_defaults``). Every setting writes the same bytes.
+            streaming, pages_per_program); None = defaults (``dispatch.gather_defaults``).
+            Every setting writes the same bytes.
     Raises:
         ValueError: a bad ``config`` or ``max_pages`` (not an integer), or dequant "ptx"
             under the interpreter / off CUDA / with portable=True (checked before any early
             return), or "ptx" with a workspace not 4-byte aligned / a cache not 2-byte
             aligned (the default then takes "triton").
     """
-    explicit = config.dequant if isinstance(config, GatherConfig) else None
-    tuning = resolve_tuning(cache.device, portable, config)
+    launcher = gather_launcher(cache.device, portable=portable, config=config,
+                               lengths_are_seq_lens=lengths_are_seq_lens)
     max_pages = check_int("max_pages", max_pages)  # a kernel argument: a Python int
-    dequant, page_parts = tuning.dequant, tuning.page_parts
     r, width = block_table.shape
     if r == 0 or max_pages <= 0 or workspace.shape[0] == 0 or width == 0 \
             or cache.shape[0] == 0:  # nothing readable
@@ -344,38 +322,15 @@ def gather_into(cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.T
     assert workspace.is_contiguous() and tuple(workspace.shape[1:]) == (PAGE_SIZE, HEAD_DIM)
     assert block_table.stride(-1) == 1
     ws = workspace.view(torch.uint8)
-    if dequant == "ptx" and (ws.data_ptr() % 4 or cache.data_ptr() % 2 or cache.stride(0) % 2):
-        # "ptx" reads uint16 code pairs and writes uint32 words: misaligned views (never made
-        # by this library) take the byte path, or are refused when "ptx" was asked for
-        if explicit == "ptx":
-            raise ValueError("dequant: 'ptx' needs a 4-byte aligned workspace and a 2-byte "
-                             "aligned cache (base and page stride)")
-        dequant = "triton"
+    kernels = launcher.kernels(cache, ws)
     lengths, page_offsets = lengths.contiguous(), page_offsets.contiguous()
-    consts = dict(FROM_SEQ_LENS=lengths_are_seq_lens, PORTABLE=tuning.portable,
-                  DEQUANT=dequant, PAGE_PARTS=page_parts, STREAM=tuning.streaming,
-                  num_warps=tuning.num_warps)
-    pages = tuning.pages_for(r, max_pages, width, cache.device)
-    grid = hz.gather_grid(r, max_pages, width, page_parts, tuning.persistent,
-                          tuning.programs_per_sm, cache.device, pages)
+    # page counts clamped to min(max_pages, W): a 2-page program's second page may be page
+    # max_pages
+    bound = min(width, max_pages)
+    pages, launches = launcher.plan(r, block_table, lengths, page_offsets, max_pages, width,
+                                    cache.device)
     with device_guard(cache.device):
-        if tuning.persistent:  # every request in one launch: grid-stride over work items
-            # page counts clamped to min(max_pages, W): the default grid's pages (same bytes
-            # even when device counts exceed the host max_pages)
-            _gather_persistent_kernel[(grid,)](
-                cache, cache.stride(0), block_table, block_table.stride(0), lengths,
-                page_offsets, ws, ws.shape[0], min(width, max_pages), cache.shape[0], r,
-                **consts)
-            return
-        # pages on the grid's x axis (up to 2^31 - 1 programs), requests on y: at most
-        # MAX_GRID_Y per launch; page counts clamped to min(max_pages, W) as the persistent
-        # kernel's (a 2-page program's second page may be page max_pages)
-        for r0 in range(0, r, MAX_GRID_Y):
-            r1 = min(r, r0 + MAX_GRID_Y)
-            _gather_kernel[(grid, r1 - r0)](
-                cache, cache.stride(0), block_table[r0:r1], block_table.stride(0),
-                lengths[r0:r1], page_offsets[r0:r1], ws, ws.shape[0], min(width, max_pages),
-                cache.shape[0], TOK_BLOCK=tuning.tok_block, PAGES=pages, **consts)
+        launcher.run(kernels[pages], launches, cache, ws, bound)
 
 
 def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
