@@ -13,7 +13,10 @@ Under the interpreter the scorers use an IEEE fp32 dot of exactly decoded E4M3 v
   ``poisoned_out`` / ``assert_guards`` (poisoned output buffers), ``snapshot`` /
   ``assert_unchanged`` (inputs untouched).
 - ``offline_lines``: run an offline-compile script (no GPU) in a subprocess;
-  ``strict_equal``: fp16 bit patterns equal, NaN by position.
+  ``strict_equal``: fp16 bit patterns equal, NaN by position; ``as_bytes`` /
+  ``assert_bytes_equal`` / ``random_cache`` (byte-exact kernels); ``prefill_batch``;
+  ``gluon_twin_kernel`` / ``gluon_twin_in_place``: the Gluon prefill branch run on the CPU
+  through its Triton twin.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede triton's and the kernels' import
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 from nvfp4_indexer import reference as ref  # noqa: E402
@@ -44,10 +49,8 @@ DEV = "cuda" if HAS_CUDA else "cpu"
 PAD_STRIDE = 9216 + 48  # a page stride with padding bytes (SPEC 2)
 GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)
 _MODULES = ("numerics", "dequantize", "layout", "dot_modes", "ptx", "operands", "topk", "scan",
-            "gather", "scoring", "decode.lut", "decode.split_kernel", "decode.select",
-            "decode.page_scores", "decode.runner", "scores", "prefill")
-
-
+            "prefill.gather", "scoring", "decode.lut", "decode.split_kernel", "decode.select",
+            "decode.page_scores", "decode.runner", "scores", "prefill.prefill", "prefill.launch")
 
 def _kernels():
     """The kernel modules, interpreted when there is no GPU (reloaded if imported compiled)."""
@@ -61,7 +64,8 @@ def _kernels():
 
 
 K = _kernels()
-TOPK_MOD, DECODE, SCORES, PREFILL = K["topk"], K["decode.runner"], K["scores"], K["prefill"]
+TOPK_MOD, DECODE, SCORES, PREFILL = (K["topk"], K["decode.runner"], K["scores"],
+                                     K["prefill.launch"])
 EMPTY = TOPK_MOD.EMPTY
 empty_topk, pack_candidate, topk_insert = (TOPK_MOD.empty_topk, TOPK_MOD.pack_candidate,
                                            TOPK_MOD.topk_insert)
@@ -288,3 +292,71 @@ def sass_report_lines(report: str, archs=(None,)) -> list[str]:
                     for a in archs)
     return offline_lines("import os\nos.environ.pop('TRITON_INTERPRET', None)\n"
                          f"from benchmarks.sass_stats import {report}\n" + calls)
+
+
+def score_bits() -> int:
+    """SPEC 9's b of the default dot mode here (fp32 under the interpreter, fp16 on a GPU)."""
+    from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
+    from nvfp4_indexer.triton.dot_modes import DEFAULT_GPU_DOT
+    return SCORE_ERROR_BITS["fp32" if not HAS_CUDA else DEFAULT_GPU_DOT]
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as uint8."""
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Fail naming the count and the first differing byte of ``got`` and ``want``."""
+    got, want = as_bytes(got).cpu(), as_bytes(want).cpu()
+    assert got.shape == want.shape
+    bad = (got != want).nonzero()
+    if len(bad):
+        first = tuple(bad[0].tolist())
+        pytest.fail(f"{len(bad)} bytes differ, first at {list(first)}: got {int(got[first])}, "
+                    f"want {int(want[first])}")
+
+def random_cache(num_blocks: int, gen, page_stride: int = PAD_STRIDE) -> torch.Tensor:
+    """A padded cache full of random bytes (corrupt scales included: the gather decodes any)."""
+    cache = ref.new_index_cache(num_blocks, device=DEV, page_stride=page_stride)
+    st = cache_storage(cache)
+    st.copy_(torch.randint(0, 256, (st.numel(),), generator=gen, dtype=torch.int32)
+             .to(torch.uint8).to(DEV))
+    return cache
+
+def prefill_batch(specs, seed, **kw):
+    """A ``Batch`` of prefill requests and its int32 ``cu_seqlens_q``; ``specs``: (q_len,
+    seq_len) per request."""
+    batch = Batch([s for _, s in specs], seed=seed, **kw)
+    qsl = torch.tensor([0] + [sum(q for q, _ in specs[:i + 1]) for i in range(len(specs))],
+                       dtype=torch.int32, device=DEV)
+    return batch, qsl
+
+
+# the Gluon prefill kernel's Triton twin (the Gluon branch on the CPU)
+prefill_score_kernel = K["prefill.prefill"].prefill_score_kernel
+
+
+@triton.jit
+def gluon_twin_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base, qsl_ptr,
+                      seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr, win_ptr, out_ptr,
+                      H: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                      MMA: tl.constexpr, LD: tl.constexpr, TL: tl.constexpr,
+                      K_SL: tl.constexpr, NB: tl.constexpr = 6, FP8: tl.constexpr = 0):
+    """The Gluon prefill kernel's parameters (``prefill_wgmma.prefill_wgmma_kernel``) running
+    its Triton twin under the Gluon contract (window 1, KEEP 16; fp32 dot, tokens on M: the
+    interpreter's): put in the Gluon kernel's place, it lets the Gluon branch run on the CPU."""
+    prefill_score_kernel(q_ptr, q_tok_stride, q_head_stride, ws_ptr, ws_off_ptr, req_base,
+                         qsl_ptr, seq_lens_ptr, caps_ptr, blk_ptr, num_blocks, cand_ptr,
+                         win_ptr, out_ptr, H, BLOCK_M, NUM_SPLITS, "fp32", 1, 16, False)
+
+
+def gluon_twin_in_place(monkeypatch):
+    """Let the Gluon prefill branch run on the CPU: its probe (``prefill.launch``'s
+    ``prefill_wgmma_ok``) says yes and the Gluon kernel is ``gluon_twin_kernel``; the cached
+    chunk plans are dropped (drop them again after the test: ``plan_prefill_chunk.
+    cache_clear()``). Returns the ``prefill.launch`` module. (An Indexer resolves the branch
+    at construction: build it after this call.)"""
+    from nvfp4_indexer.triton.prefill import launch, prefill_wgmma
+    monkeypatch.setattr(launch, "prefill_wgmma_ok", lambda *a: True)
+    monkeypatch.setattr(prefill_wgmma, "prefill_wgmma_kernel", gluon_twin_kernel)
+    launch.plan_prefill_chunk.cache_clear()
+    return launch

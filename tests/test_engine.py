@@ -277,7 +277,7 @@ def gluon_twin(monkeypatch):
     """The Gluon prefill branch on the CPU: its probe says yes and the Gluon kernel is its
     Triton twin under the Gluon contract (``kernel_cases.gluon_twin_kernel``); plans are
     rebuilt. Construct the Indexer inside (it resolves the branch once)."""
-    from kernel_cases import gluon_twin_in_place
+    from kernel_harness import gluon_twin_in_place
     launch = gluon_twin_in_place(monkeypatch)
     yield launch
     launch.plan_prefill_chunk.cache_clear()

@@ -39,9 +39,9 @@ from nvfp4_indexer.reference.insert import norm_rope_exact  # noqa: E402
 from conformance.fixtures import cache_storage as _storage  # noqa: E402
 from conformance.fixtures import rope_cache  # noqa: E402
 from conformance.judges import explain_keys, explain_queries  # noqa: E402
-from kernel_cases import as_bytes as _bytes  # noqa: E402
-from kernel_cases import assert_bytes_equal as _assert_bytes_equal  # noqa: E402
-from kernel_cases import random_cache  # noqa: E402
+from kernel_harness import as_bytes as _bytes  # noqa: E402
+from kernel_harness import assert_bytes_equal as _assert_bytes_equal  # noqa: E402
+from kernel_harness import random_cache  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 PAD_STRIDE = 9216 + 64  # a page stride with padding (SPEC 2)

@@ -26,7 +26,8 @@ from kernel_harness import (  # noqa: F401  (sets TRITON_INTERPRET before the ke
     BITS, DECODE, DEV, EMPTY, HAS_CUDA, PAD_STRIDE, PREFILL, SCORES, Batch, assert_guards,
     assert_unchanged, cache_storage, cache_to_device, check_scores, check_selection, decode_qsl,
     empty_topk, load_candidates, local_pages, nvfp4_page_operands, pack_candidate,
-    poisoned_out, random_q, realistic_lens, rows_request_of, snapshot, store_candidates,
+    poisoned_out, prefill_batch, random_q, realistic_lens, rows_request_of, snapshot,
+    store_candidates,
     topk_insert, write_selection)
 
 import triton  # noqa: E402
@@ -35,6 +36,7 @@ import triton.language as tl  # noqa: E402
 import nvfp4_indexer as ni  # noqa: E402
 from nvfp4_indexer import reference as ref  # noqa: E402
 from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
+from nvfp4_indexer.triton.prefill.dispatch import TOKENS_ON_N_DOTS  # noqa: E402
 
 from conformance.fixtures import selection_out  # noqa: E402
 
@@ -192,7 +194,7 @@ def test_gpu_dot_modes(dot):
     pq = random_q(364, heads, seed=94)
     pe, pm = ref.page_scores(pq, pb.cache, pb.block_table, pb.seq_lens, pqsl,
                              with_magnitude=True)
-    for on_n in (None, dot not in HZ.TOKENS_ON_N_DOTS) if dot != "fp32" else (None,):
+    for on_n in (None, dot not in TOKENS_ON_N_DOTS) if dot != "fp32" else (None,):
         pout = selection_out(364, heads, device=DEV)
         PREFILL.prefill_indexer(pq, pb.cache, pb.block_table, pqsl, pb.seq_lens, 10**6, pout,
                                 config=PREFILL.PrefillConfig(dot=dot, tokens_on_n=on_n))

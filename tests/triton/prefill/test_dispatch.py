@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_cases import DEV, HAS_CUDA
+from kernel_harness import DEV, HAS_CUDA
 from nvfp4_indexer.triton.prefill import dispatch as D
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from conformance.fixtures import cache_storage as _storage
-from kernel_cases import DEV, HAS_CUDA, as_bytes, assert_bytes_equal, offline, random_cache
+from conformance.fixtures import cache_storage
+from kernel_harness import DEV, HAS_CUDA, as_bytes, assert_bytes_equal, offline_lines, random_cache
 from nvfp4_indexer import api
 from nvfp4_indexer.reference import formats as F
 from nvfp4_indexer.reference import paging as P
@@ -47,13 +47,13 @@ def _gather_case(gen):
 
 def test_gather_index_k_fp8_bit_exact():
     cache, block_table, seq_lens = _gather_case(_gen(9))
-    before = _storage(cache).clone()
+    before = cache_storage(cache).clone()
     ws, offsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="triton")
     rws, roffsets = api.gather_index_k_fp8(cache, block_table, seq_lens, backend="reference")
     assert ws.dtype == torch.float8_e4m3fn and ws.shape == (5, 128, 128)
     assert offsets.dtype == torch.int32 and torch.equal(offsets.cpu(), roffsets.cpu())
     assert_bytes_equal(ws, rws)
-    assert_bytes_equal(_storage(cache), before)  # read-only
+    assert_bytes_equal(cache_storage(cache), before)  # read-only
     # No history pages at all: an empty workspace.
     ws0, off0 = api.gather_index_k_fp8(cache, block_table[:2], seq_lens[:2], backend="triton")
     assert ws0.shape == (0, 128, 128) and off0.tolist() == [0, 0, 0]
@@ -295,7 +295,7 @@ def test_gather_kernel_compiles_offline_for_sm90():
     """The gather kernel compiles to SM90 PTX + cubin (no GPU): no approximate division /
     sqrt, no flush-to-zero; "ptx": the f16x2 cvt of its inline asm, no fp32 one; "triton":
     the native E4M3 cvt only when PORTABLE=False."""
-    assert offline(_COMPILE) == ["ptx 0 0 1 0", "triton 1 0 0 0", "triton 0 1 0 0"]
+    assert offline_lines(_COMPILE) == ["ptx 0 0 1 0", "triton 1 0 0 0", "triton 0 1 0 0"]
 
 
 def _all_pairs_cache(num_blocks: int, gen) -> torch.Tensor:

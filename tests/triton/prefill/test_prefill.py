@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_cases import DEV
+from kernel_harness import DEV
 from nvfp4_indexer.triton.heuristics import merge_config, next_pow2
 from nvfp4_indexer.triton.layout import ws_page_offset
 from nvfp4_indexer.triton.prefill import prefill as P

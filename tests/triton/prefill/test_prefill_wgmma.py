@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_cases import (DEV, HAS_CUDA, assert_guards, check_selection, local_pages, offline,
+from kernel_harness import (DEV, HAS_CUDA, assert_guards, check_selection, local_pages, offline_lines,
                           poisoned_out, prefill_batch, random_q, score_bits)
 from nvfp4_indexer import reference as ref
 from nvfp4_indexer.triton.config import PrefillConfig
@@ -52,7 +52,7 @@ def test_compiles_offline_for_sm90():
     in shared memory; ptxas keeps the wgmma asynchronous (no C7514 serialization); exactly
     one converter page loop, without spills."""
     assert D.PREFILL_WGMMA_BLOCK_M == (128,)
-    lines = offline(_COMPILE)
+    lines = offline_lines(_COMPILE)
     assert len(lines) == 3, lines
     for ln in lines:
         *nums, conv_loop = ln.split()
@@ -81,7 +81,7 @@ def test_one_ring_buffer_is_refused():
     """NB (ring buffers) below 2 is refused at compile time: with one buffer a consumer
     releases page k - 1 only after waiting for page k, which the converter writes into that
     same buffer only after the release: a deadlock on the GPU."""
-    assert offline(_COMPILE_NB1) == ["refused True"]
+    assert offline_lines(_COMPILE_NB1) == ["refused True"]
 
 
 def _run_kernels(batch, qsl, q, budget, num_splits, block_m, kernels, dot=None):
