@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from conformance.fixtures import OUT_POISON
+from nvfp4_indexer.conformance.fixtures import OUT_POISON
 
 from . import workloads as wl
 from .pool import PagePool

@@ -10,7 +10,7 @@ import nvfp4_indexer as ni
 from nvfp4_indexer.constants import PAGE_SIZE
 from nvfp4_indexer.reference.paging import read_blocks
 
-from conformance.fixtures import rope_cache
+from nvfp4_indexer.conformance.fixtures import rope_cache
 
 from . import workloads as wl
 from .context import Context, finish, ref_time, traffic_fields, written_bytes

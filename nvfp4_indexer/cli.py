@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo.main import main as demo_main
         return demo_main(rest)
     if cmd in ("conformance", "golden"):
-        from conformance.cli import main as conformance_main
+        from .conformance.cli import main as conformance_main
         # usage lines read `nvfp4-indexer conformance run ...` / `nvfp4-indexer golden write ...`
         if cmd == "conformance":
             return conformance_main(rest, prog="nvfp4-indexer conformance")

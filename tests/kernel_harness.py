@@ -41,9 +41,9 @@ import triton.language as tl  # noqa: E402
 
 from nvfp4_indexer import reference as ref  # noqa: E402
 
-from conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
-from conformance.judges import explain_row, tie_aware_check  # noqa: E402
-from conformance.oracles import local_pages as harness_local_pages  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
+from nvfp4_indexer.conformance.judges import explain_row, tie_aware_check  # noqa: E402
+from nvfp4_indexer.conformance.oracles import local_pages as harness_local_pages  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 PAD_STRIDE = 9216 + 48  # a page stride with padding bytes (SPEC 2)

@@ -12,7 +12,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
-from conformance.fixtures import OUT_POISON
+from nvfp4_indexer.conformance.fixtures import OUT_POISON
 
 REF = {"backend": "reference"}
 

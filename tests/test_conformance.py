@@ -21,14 +21,14 @@ import nvfp4_indexer as nv
 from nvfp4_indexer import reference as ref
 from nvfp4_indexer.reference import formats as F
 
-from conformance import generator as G
-from conformance.backends import Backend, load_backend, reference_backend
-from conformance.cases import load_case, replay_case, save_case
-from conformance.checks import (explain_keys, explain_queries, explain_row, run_case,
+from nvfp4_indexer.conformance import generator as G
+from nvfp4_indexer.conformance.backends import Backend, load_backend, reference_backend
+from nvfp4_indexer.conformance.cases import load_case, replay_case, save_case
+from nvfp4_indexer.conformance.checks import (explain_keys, explain_queries, explain_row, run_case,
                                  tie_aware_check)
-from conformance.cli import main as cli_main
-from conformance.golden import DEFAULT_DIR, check_integrity, load_golden, verify_golden
-from conformance.graphs import wrapper_session
+from nvfp4_indexer.conformance.cli import main as cli_main
+from nvfp4_indexer.conformance.golden import DEFAULT_DIR, check_integrity, load_golden, verify_golden
+from nvfp4_indexer.conformance.graphs import wrapper_session
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = G.PROFILES["smoke"]
@@ -380,8 +380,8 @@ def test_backend_exceptions_are_failures_and_missing_ops_skip():
 def test_op_records_counts_and_backend_callables():
     """Every check's case count is the length of its case list (smoke sizes), every case op
     has one record, and the records name only Backend callables."""
-    from conformance import ops
-    from conformance.backends import OPS
+    from nvfp4_indexer.conformance import ops
+    from nvfp4_indexer.conformance.backends import OPS
     counts = ops.case_counts(SMOKE)
     for check in ops.CHECKS:
         recs = ops.records_of(check)
@@ -403,7 +403,7 @@ def test_nan_insert_and_query_cases():
     """The generator's NaN cases carry NaN values among finite ones (a NaN norm-weight dim),
     whole NaN rows and a NaN cos/sin row; the reference passes them, and a kernel that gives
     a NaN value a non-zero code (keys) or a byte other than 0x7F (queries) fails."""
-    from conformance import ops
+    from nvfp4_indexer.conformance import ops
     cases = [c for c in ops.build_cases("insert", SMOKE, 5) if "/nan/" in c.name]
     assert [c.op for c in cases] == ["insert_index_k", "prepare_index_q"]
     for case in cases:
@@ -506,7 +506,7 @@ def test_cli_json_and_exit_codes(tmp_path, monkeypatch, capsys):
     mod.write_text(textwrap.dedent("""
         import dataclasses
         from nvfp4_indexer import reference as ref
-        from conformance.backends import reference_backend
+        from nvfp4_indexer.conformance.backends import reference_backend
 
         def make_backend(device="cpu"):
             def quantize(x):
@@ -550,7 +550,7 @@ def _triton_kernels_present() -> bool:
 
 def _cli_json(args, timeout=900):
     env = dict(os.environ, TRITON_INTERPRET="1") if "--interpret" in args else dict(os.environ)
-    p = subprocess.run([sys.executable, "-m", "conformance", *args, "--json", "--no-progress"],
+    p = subprocess.run([sys.executable, "-m", "nvfp4_indexer.conformance", *args, "--json", "--no-progress"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert p.stdout, p.stderr[-3000:]
     return p.returncode, json.loads(p.stdout)
@@ -595,7 +595,7 @@ def test_cuda_graph_replays_triton():
 def test_golden_integrity_accepts_compatible_spec_versions():
     """Golden sets written under SPEC 1.0 and 1.1 stay valid under 1.2 (no computed value
     changed); any other version is refused before a vector is compared."""
-    from conformance.golden import check_integrity
+    from nvfp4_indexer.conformance.golden import check_integrity
     from nvfp4_indexer.constants import GOLDEN_COMPATIBLE_SPECS, SPEC_VERSION
     assert SPEC_VERSION in GOLDEN_COMPATIBLE_SPECS
     empty = {"cases": [], "files": {}, "tables": {}}
@@ -608,7 +608,7 @@ def test_engine_check_uses_backend_make_indexer():
     """The engine check builds its indexers through ``Backend.make_indexer``: a backend of
     another name with one runs (its configs pass through); one without is skipped; the
     built-ins provide it, and ``triton-fp8``'s turns on ``allow_fp8_mma``."""
-    from conformance.engine_trace import engine_results
+    from nvfp4_indexer.conformance.engine_trace import engine_results
     seen = []
 
     def make_indexer(config):

@@ -31,7 +31,7 @@ from nvfp4_indexer.context_parallel import ContextParallelDecodeWrapper, exchang
 from nvfp4_indexer.reference import candidates as rc
 from nvfp4_indexer.triton.topk import pack_candidate
 
-from conformance.fixtures import OUT_POISON
+from nvfp4_indexer.conformance.fixtures import OUT_POISON
 
 HAS_CUDA = torch.cuda.is_available()
 COLLECTIVE_TIMEOUT_S = 60
@@ -96,7 +96,7 @@ def check_tie_and_nan_rows(out, sl, q_len):
 
 
 def check_triton(out, own, cache, bt, sl, q_len, bits):
-    from conformance import tie_aware_check
+    from nvfp4_indexer.conformance import tie_aware_check
     qsl = ref.decode.decode_query_start_loc(bt.shape[0], q_len, own.device)
     exact, mag = ref.page_scores(own, cache, bt, sl, qsl, with_magnitude=True)
     _, pos = ref.scores.row_positions(sl, qsl)

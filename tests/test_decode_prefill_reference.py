@@ -13,7 +13,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
-from conformance.fixtures import selection_out
+from nvfp4_indexer.conformance.fixtures import selection_out
 
 REF = {"backend": "reference"}
 GARBAGE_IDS = (-1, 10**9, 2**31 - 1, -(2**31), 123456)

@@ -12,7 +12,7 @@ import torch
 import nvfp4_indexer as ni
 from nvfp4_indexer.engine import PrefillChunk, plan_prefill_chunks
 
-from conformance.fixtures import OUT_POISON as POISON
+from nvfp4_indexer.conformance.fixtures import OUT_POISON as POISON
 
 H = 2
 
@@ -1050,7 +1050,7 @@ def test_allow_fp8_mma_decode_steps():
     "wgflat" scorer with E4M3 operands (kernel dot "fp8", SPEC 9 b = 5; a small one the exact
     kernels), its rows valid tie-aware at b = 5 against the exact scores, in a replayed CUDA
     graph; the shared score scratch covers it."""
-    from conformance.judges import tie_aware_check
+    from nvfp4_indexer.conformance.judges import tie_aware_check
     from nvfp4_indexer import reference as ref
     dev = torch.device("cuda")
     nb, b, qlen, width = 2400, 8, 2, 300
@@ -1096,7 +1096,7 @@ def test_allow_fp8_mma_prefill_step():
     """``IndexerConfig(allow_fp8_mma=True)`` on SM90: prefill chunks score in dot mode "fp8"
     (the Gluon kernel's E4M3 form for a chunk with context), rows valid tie-aware at b = 5;
     without it the same step stays exact (dot fp16)."""
-    from conformance.judges import tie_aware_check
+    from nvfp4_indexer.conformance.judges import tie_aware_check
     from nvfp4_indexer import reference as ref
     from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
     from nvfp4_indexer.triton.prefill.dispatch import prefill_wgmma_ok

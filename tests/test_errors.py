@@ -14,7 +14,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
-from conformance.fixtures import OUT_POISON, selection_out
+from nvfp4_indexer.conformance.fixtures import OUT_POISON, selection_out
 
 REF = {"backend": "reference"}
 NUM_BLOCKS = 6

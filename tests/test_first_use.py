@@ -121,8 +121,8 @@ def test_demo_checks_optional_dependencies_first(capsys, monkeypatch, tmp_path):
 # ----------------------------------------------------------------------------- conformance
 
 def test_conformance_cli_messages(capsys, tmp_path, monkeypatch):
-    from conformance import golden
-    from conformance.cli import main
+    from nvfp4_indexer.conformance import golden
+    from nvfp4_indexer.conformance.cli import main
     assert main(["run", "--backend", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert err.count("--backend") == 1 and "'nosuch'" in err  # the option named once
@@ -180,7 +180,7 @@ def test_benchmarks_plot_failure_exits_nonzero(capsys, monkeypatch, tmp_path):
 def test_conformance_negative_seed_is_a_usage_error(capsys, tmp_path):
     """``--seed -1`` is refused by the parser in one line (exit 2), before any work: no
     traceback, no folder left behind by ``golden write``."""
-    from conformance.cli import main
+    from nvfp4_indexer.conformance.cli import main
     for argv in (["run", "--seed", "-1"], ["golden", "write", str(tmp_path / "g"), "--seed",
                                            "-1"]):
         with pytest.raises(SystemExit) as e:
@@ -197,9 +197,9 @@ def test_every_module_the_docs_run_answers_help():
     runpy per module."""
     import re
     docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    named = sorted({m for d in docs for m in re.findall(r"python -m ((?:benchmarks|conformance)"
+    named = sorted({m for d in docs for m in re.findall(r"python -m ((?:benchmarks|nvfp4_indexer\.conformance)"
                                                          r"[\w.]*)", d.read_text())})
-    assert "benchmarks.labs.dequant_lab" in named and "conformance" in named
+    assert "benchmarks.labs.dequant_lab" in named and "nvfp4_indexer.conformance" in named
     code = ("import runpy, sys\n"
             f"for m in {named!r}:\n"
             "    sys.argv = [m, '--help']\n"

@@ -11,7 +11,7 @@ import torch
 
 import bruteforce as bf
 import nvfp4_indexer as ni
-from conformance.fixtures import rope_cache as cos_sin_cache  # vLLM layout: cos | sin
+from nvfp4_indexer.conformance.fixtures import rope_cache as cos_sin_cache  # vLLM layout: cos | sin
 
 REF = {"backend": "reference"}
 

@@ -34,7 +34,7 @@ import triton.language as tl  # noqa: E402
 from nvfp4_indexer.reference import formats as F  # noqa: E402
 from nvfp4_indexer.triton import device as DV  # noqa: E402
 
-from conformance.judges import explain_keys  # noqa: E402
+from nvfp4_indexer.conformance.judges import explain_keys  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 BLOCK = 1 << 14

@@ -36,9 +36,9 @@ from nvfp4_indexer.reference import formats as F  # noqa: E402
 from nvfp4_indexer.reference import paging as P  # noqa: E402
 from nvfp4_indexer.reference.insert import norm_rope_exact  # noqa: E402
 
-from conformance.fixtures import cache_storage as _storage  # noqa: E402
-from conformance.fixtures import rope_cache  # noqa: E402
-from conformance.judges import explain_keys, explain_queries  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import cache_storage as _storage  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import rope_cache  # noqa: E402
+from nvfp4_indexer.conformance.judges import explain_keys, explain_queries  # noqa: E402
 from kernel_harness import as_bytes as _bytes  # noqa: E402
 from kernel_harness import assert_bytes_equal as _assert_bytes_equal  # noqa: E402
 from kernel_harness import random_cache  # noqa: E402

@@ -38,7 +38,7 @@ from nvfp4_indexer import reference as ref  # noqa: E402
 from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
 from nvfp4_indexer.triton.prefill.dispatch import TOKENS_ON_N_DOTS  # noqa: E402
 
-from conformance.fixtures import selection_out  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import selection_out  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 

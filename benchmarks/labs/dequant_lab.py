@@ -136,7 +136,7 @@ def adversarial_batch(dev, seed: int = 3, lens=ADVERSARIAL_LENS):
 
 
 def check_decode(dev, variants, lens=ADVERSARIAL_LENS) -> list[tuple[str, str]]:
-    from conformance.checks import tie_aware_check
+    from nvfp4_indexer.conformance.checks import tie_aware_check
     from nvfp4_indexer import reference as ref
     q, cache, bt, seq = adversarial_batch(dev, lens=lens)
     b = bt.shape[0]

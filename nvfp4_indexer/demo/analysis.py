@@ -116,7 +116,7 @@ def decode_check(q8, cache, block_table, sel, positions: list[int], query_len: i
 def compare_with_reference(sel, q8, cache, bt, seq, cu) -> str:
     """SPEC 9 verdict of a Triton selection against the reference's exact scores:
     "exact" / "ok (n tol.)" / "FAIL (n rows)"."""
-    from conformance.checks import tie_aware_check
+    from nvfp4_indexer.conformance.checks import tie_aware_check
     from nvfp4_indexer.reference.scores import page_scores, row_positions
     from nvfp4_indexer.triton.decode import SCORE_ERROR_BITS
     from nvfp4_indexer.triton.dot_modes import DEFAULT_GPU_DOT

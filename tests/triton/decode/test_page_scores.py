@@ -25,7 +25,7 @@ from nvfp4_indexer import reference as ref  # noqa: E402
 from nvfp4_indexer.triton import device as DV  # noqa: E402
 from nvfp4_indexer.triton.config import DecodeConfig  # noqa: E402
 from nvfp4_indexer.triton.decode.dispatch import plan_decode  # noqa: E402
-from conformance.fixtures import OUT_POISON  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import OUT_POISON  # noqa: E402
 
 DECODE = K["decode.runner"]
 PS = K["decode.page_scores"]

@@ -19,7 +19,7 @@ from nvfp4_indexer import reference as ref  # noqa: E402
 from nvfp4_indexer.triton.decode import dispatch as dsp  # noqa: E402
 from nvfp4_indexer.triton.device import num_sms  # noqa: E402
 from nvfp4_indexer.triton.heuristics import MAX_SPLITS, WINDOW  # noqa: E402
-from conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
 
 DECODE = K["decode.runner"]
 

@@ -8,7 +8,7 @@ import torch
 
 from kernel_harness import HAS_CUDA  # noqa: F401  (sets TRITON_INTERPRET)
 
-from conformance.fixtures import selection_out  # noqa: E402
+from nvfp4_indexer.conformance.fixtures import selection_out  # noqa: E402
 
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 

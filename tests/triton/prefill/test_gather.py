@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conformance.fixtures import cache_storage
+from nvfp4_indexer.conformance.fixtures import cache_storage
 from kernel_harness import DEV, HAS_CUDA, as_bytes, assert_bytes_equal, offline_lines, random_cache
 from nvfp4_indexer import api
 from nvfp4_indexer.reference import formats as F

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import nvfp4_indexer as ni
-from conformance.fixtures import OUT_POISON
+from nvfp4_indexer.conformance.fixtures import OUT_POISON
 from kernel_harness import (DEV, HAS_CUDA, assert_guards, assert_unchanged, check_selection,
                           gluon_twin_in_place, local_pages, poisoned_out, prefill_batch, random_q,
                           rows_request_of, score_bits, snapshot)

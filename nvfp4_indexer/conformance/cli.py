@@ -1,4 +1,4 @@
-"""Command line: ``python -m conformance ...`` (also mounted as ``nvfp4-indexer conformance``
+"""Command line: ``python -m nvfp4_indexer.conformance ...`` (also mounted as ``nvfp4-indexer conformance``
 and ``nvfp4-indexer golden``).
 
     conformance run [--backend B] [--smoke | --full] [--seed N] [--checks a,b] [--case GLOB]
@@ -8,7 +8,7 @@ and ``nvfp4-indexer golden``).
     conformance golden verify [DIR] [--backend B] [--oracle | --no-oracle]
     conformance list
 
-``run`` is the default subcommand (``python -m conformance --smoke`` works). Exit status: 0 when
+``run`` is the default subcommand (``python -m nvfp4_indexer.conformance --smoke`` works). Exit status: 0 when
 every check passed, 1 on any failure (``--strict``: also on skipped checks), 2 on bad usage.
 """
 

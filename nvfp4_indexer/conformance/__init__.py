@@ -1,6 +1,6 @@
 """Conformance harness of nvfp4_indexer: how a backend earns trust (SPEC 9).
 
-Run ``python -m conformance --help``. The pieces:
+Run ``python -m nvfp4_indexer.conformance --help``. The pieces:
 
 * ``generator`` — seeded, poisoned paged engine states and op inputs (``Case``);
 * ``fixtures`` — poisoned storage, cache views, the output poison, the RoPE cos/sin cache;

@@ -1,7 +1,0 @@
-"""``python -m conformance ...`` (see ``conformance.cli``)."""
-
-import sys
-
-from .cli import main
-
-sys.exit(main())
