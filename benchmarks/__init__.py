@@ -6,7 +6,7 @@ engine (``Indexer.plan`` / ``forward`` per step of a continuous-batching trace).
 Each run measures its own ceilings (device-to-device copy, cuBLAS FP8 matmul), times CUDA-graph
 replays over cold-cache rotated page sets, compares once against the PyTorch reference, and
 writes JSON, Markdown tables and a roofline PNG. ``--cpu-smoke`` runs every code path on CPU
-at tiny sizes with the reference backend (no timing claims). Method: docs/benchmarks.md.
+at tiny sizes with the reference backend (no timing claims). Method: docs/performance.md.
 
 Modules: ``__main__`` (the CLI), ``suites`` (suite registry, run, summaries), ``context``
 (shared context and record fields), one module per op (``decode_suite``, ``prefill_suite``,

@@ -1,5 +1,5 @@
 """Reports: a rich table per suite on the terminal, the same tables as Markdown (for
-docs/benchmarks.md), the JSON record, and a roofline plot (PNG).
+docs/performance.md), the JSON record, and a roofline plot (PNG).
 
 Every function takes the results dict that ``python -m benchmarks`` builds (and writes as
 JSON), so a saved JSON can be re-rendered: ``python -m benchmarks.report bench.json OUTDIR``.
@@ -273,7 +273,7 @@ def print_tables(results: dict, file=None) -> None:
 
 
 def markdown(results: dict) -> str:
-    """The same tables as Markdown, with the environment block (for docs/benchmarks.md)."""
+    """The same tables as Markdown, with the environment block (for docs/performance.md)."""
     out = ["```"] + env_lines(results) + ["```", ""]
     for suite, data in results.get("suites", {}).items():
         headers, body, other = rows(suite, data.get("cases", []))

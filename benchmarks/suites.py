@@ -1,5 +1,5 @@
 """The benchmark suites: build inputs, check the outputs once, time, and record one dict per
-case (the JSON schema is documented in docs/benchmarks.md).
+case (the JSON schema is documented in docs/performance.md).
 
 Paths timed (GPU):
 - decode-full / decode-lowlat / decode-variants: the public ``DecodeIndexerWrapper``

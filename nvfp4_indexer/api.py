@@ -488,7 +488,7 @@ class DecodeIndexerWrapper(PlannedDecodeBuffers):
             GPU the Triton backend then multiplies E4M3 operands on the FP8 tensor cores
             where that is faster (large batches; ``nvfp4_indexer.triton.DecodeConfig``
             ``dot="fp8"``), exactly elsewhere. Observed worst error ~2^-13 of a row's
-            magnitude; docs/benchmarks.md gives speed and selections. No effect on the
+            magnitude; docs/performance.md gives speed and selections. No effect on the
             reference backend or off CUDA (exact).
     Raises:
         ValueError: bad buffers (or buffers whose memory overlaps), ``num_heads``,

@@ -1,4 +1,4 @@
-"""Offline compile for Blackwell (sm_100a, sm_103a, sm_120a), no GPU needed (issue 18).
+"""Offline compile for Blackwell (sm_100a, sm_103a, sm_120a), no GPU needed.
 
 Beside the SM90 offline compiles (``test_triton_elementwise``, ``test_triton_dequant_ptx``):
 Triton compiles every launched kernel configuration below to PTX and, with its bundled ptxas, to

@@ -1,4 +1,4 @@
-"""``triton.launcher.CachedLaunch``: eager launches with little host work (issue 14).
+"""``triton.launcher.CachedLaunch``: eager launches with little host work.
 
 CPU (interpreter): every launch goes through the JIT and gives its result, after the GPU
 path's checks (parameter layout, constexprs, argument count and types); the specialization

@@ -1,9 +1,8 @@
-"""Low host-overhead launches of Triton / Gluon kernels (issue 14: eager engine steps, SPEC 8.1).
+"""Low host-overhead launches of Triton / Gluon kernels (eager engine steps, SPEC 8.1).
 
 ``kernel[grid](*args, **constexprs)`` spends 20-25 us of host time per launch on the H200's host
 (binding the arguments, hashing the specialization, Gluon layout constexprs included) before the
-driver call; a compiled kernel's own launch costs 6-9 us (``docs/benchmarks.md``, "Issue 14,
-eager launches"). ``CachedLaunch`` fixes a kernel's constexprs and options once, goes through
+driver call; a compiled kernel's own launch costs 6-9 us (``docs/performance.md``). ``CachedLaunch`` fixes a kernel's constexprs and options once, goes through
 Triton's JIT on the first launch of each argument *specialization* (which compiles, or finds
 the compiled kernel, and launches it), keeps the compiled kernel, and launches it directly
 afterwards.

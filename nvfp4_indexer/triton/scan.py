@@ -77,8 +77,8 @@ def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl
     -> the SPEC 5 output at ``out_row_ptr [R]`` of the rows ``row_ok`` with local pages
     ``local``. ``SORT``: select by one bitonic top-16 (``write_selection``'s ``SORT``) where
     a row has 16 to ``MERGE_SORT_MAX_COLUMNS`` (64) candidate columns (host twin:
-    ``heuristics.merge_sorts``; offline SM90 at one row per program, ``sass_stats --merge``
-    of the tenth step: 224 against 624 SASS instructions at 2 x 16, 408 against 752 at 4 x
+    ``heuristics.merge_sorts``; offline SM90 at one row per program, ``sass_stats --merge``:
+    224 against 624 SASS instructions at 2 x 16, 408 against 752 at 4 x
     16), else by 15 rounds of max-and-remove (the same output)."""
     keys = load_candidates(cand_ptr, cand_rows, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
     write_selection(keys, local, out_row_ptr, row_ok, SORT and SPLITS_PAD * KEEP >= TOPK

@@ -105,7 +105,7 @@ def fp8_page_scores_n(page_ptr, q_rows, DOT: tl.constexpr):
     ``q_rows`` (``operands.load_q_rows``) x page^T, one K=128 MMA with the converted page as the
     shared-memory operand. The max over tokens then stays inside each thread's columns and
     its quad (2 shuffles), where tokens on M reduce across lanes and warps through shared
-    memory (a much shorter page loop: ``benchmarks.sass_stats``, docs/benchmarks.md). The max
+    memory (a much shorter page loop: ``benchmarks.sass_stats``). The max
     is one NaN-ignoring max (``max.f32`` returns the non-NaN operand), NaN when all 128 are
     NaN (SPEC 4). GPU dot modes."""
     t = tl.arange(0, PAGE)[:, None]
