@@ -193,7 +193,6 @@ def test_decode_lut_int32_min_seq_lens_are_padding(dequant):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgmma", "wgflat-fp8"])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
 def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
@@ -238,7 +237,6 @@ def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgflat-fp8"])
 @pytest.mark.parametrize("programs", [None, 7])
 def test_gpu_flat_scorers_many_requests(dequant, programs):
@@ -384,7 +382,6 @@ def test_gluon_scorers_warmup_compiles_what_real_launches_run():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgmma"])
 def test_gpu_page_score_first_run_captured(dequant):
     """The Gluon scorers' first real run may be the captured one (the runner's warmup

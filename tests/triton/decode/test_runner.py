@@ -25,8 +25,6 @@ DECODE = K["decode.runner"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-
 
 @pytest.mark.parametrize("q_len,heads,num_splits,window", [(1, 1, 1, 4), (2, 2, 3, 2),
                                                            (4, 2, None, 64), (8, 1, 5, 1),
@@ -181,7 +179,6 @@ def test_decode_score_buffer_and_splits():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("b,max_len,q_len,heads", [(1, 131072, 8, 4), (4, 131072, 1, 1),
                                                    (8, 40000, 4, 2), (64, 20000, 8, 4),
                                                    (64, 131072, 1, 2), (32, 3000, 2, 4)])
@@ -199,7 +196,6 @@ def test_gpu_decode_realistic(b, max_len, q_len, heads):
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gpu_decode_cuda_graph_replays(pdl):
     """Capture DecodeRunner.run once; 50 replays after in-place changes of q, seq_lens
@@ -253,7 +249,6 @@ def test_gpu_decode_cuda_graph_replays(pdl):
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_wrapper_graph():
     """The public DecodeIndexerWrapper (plan outside, run captured) over DecodeRunner."""
     b, q_len, heads = 8, 2, 4
