@@ -325,14 +325,26 @@ def test_triton_gluon_prefill_branch_plumbing(cache, gluon_twin, later):
     assert bool((out[rows:] == POISON).all())
 
 
+def _work_ops(fn) -> list:
+    """Names of the aten ops that do work (views left out) ``fn()`` issues, in call order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return func(*args, **(kwargs or {}))
+    with Record():
+        fn()
+    return [f.overloadpacket.__name__ for f in calls if not f.is_view]
+
+
 def test_plan_device_ops_are_the_copies():
     """A Triton plan issues no torch op that does work (views left out) but the prefill
     staging copy and, in a decode-only step, the decode wrapper's multi-tensor copy: the
     prefill seq-len clamp is in the kernels, and a mixed step's decode rows read the step's
     tensors in place. (CPU:
     the staging copy is forced; no kernel runs.)"""
-    from benchmarks.labs.engine_hostprof import device_ops
-
     ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
     for st in ix._staging:
         st.copies = True  # as on a GPU (on the CPU the device buffer is the host one)
@@ -345,7 +357,7 @@ def test_plan_device_ops_are_the_copies():
     for step, want in cases:
         ix.plan(step)  # first use of a decode batch builds its wrapper
         for _ in range(2):  # both staging slots
-            assert sorted(device_ops(lambda: ix.plan(step))) == want
+            assert sorted(_work_ops(lambda: ix.plan(step))) == want
 
 
 def test_decoder_reused_and_buffers_never_move(cache):
