@@ -12,7 +12,8 @@ Under the interpreter the scorers use an IEEE fp32 dot of exactly decoded E4M3 v
   of the dot mode; exact ties by smaller id), ``check_scores``, ``decode_check``;
   ``poisoned_out`` / ``assert_guards`` (poisoned output buffers), ``snapshot`` /
   ``assert_unchanged`` (inputs untouched).
-- ``offline_lines``: run an offline-compile script (no GPU) in a subprocess;
+- ``offline_stdout`` / ``offline_lines``: run an offline-compile script (no GPU) in a
+  subprocess;
   ``strict_equal``: fp16 bit patterns equal, NaN by position; ``as_bytes`` /
   ``assert_bytes_equal`` / ``random_cache`` (byte-exact kernels); ``prefill_batch``;
   ``gluon_twin_kernel`` / ``gluon_twin_in_place``: the Gluon prefill branch run on the CPU
@@ -39,6 +40,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 
+from bruteforce import storage_view as cache_storage  # noqa: E402  (padding bytes included)
 from nvfp4_indexer import reference as ref  # noqa: E402
 
 from nvfp4_indexer.conformance.fixtures import OUT_POISON, selection_out  # noqa: E402
@@ -52,18 +54,19 @@ _MODULES = ("numerics", "dequantize", "layout", "dot_modes", "ptx", "operands", 
             "prefill.gather", "scoring", "decode.lut", "decode.split_kernel", "decode.select",
             "decode.page_scores", "decode.runner", "scores", "prefill.prefill", "prefill.launch")
 
-def _kernels():
-    """The kernel modules, interpreted when there is no GPU (reloaded if imported compiled)."""
-    mods = {n: importlib.import_module(f"nvfp4_indexer.triton.{n}") for n in _MODULES}
+def load_kernels(modules=_MODULES) -> dict:
+    """The ``nvfp4_indexer.triton.<name>`` modules of ``modules`` (dependency order, numerics
+    first) by name, interpreted when there is no GPU (reloaded if imported compiled)."""
+    mods = {n: importlib.import_module(f"nvfp4_indexer.triton.{n}") for n in modules}
     if not HAS_CUDA:
         from triton.runtime.interpreter import InterpretedFunction
         if not isinstance(mods["numerics"].e4m3_round, InterpretedFunction):
-            for name in _MODULES:  # dependency order
+            for name in modules:
                 mods[name] = importlib.reload(sys.modules[f"nvfp4_indexer.triton.{name}"])
     return mods
 
 
-K = _kernels()
+K = load_kernels()
 TOPK_MOD, DECODE, SCORES, PREFILL = (K["topk"], K["decode.runner"], K["scores"],
                                      K["prefill.launch"])
 EMPTY = TOPK_MOD.EMPTY
@@ -76,13 +79,6 @@ BITS = DECODE.SCORE_ERROR_BITS["fp32" if not HAS_CUDA else K["dot_modes"].DEFAUL
 
 
 # ------------------------------------------------------------------------------- batch builder
-
-def cache_storage(cache: torch.Tensor) -> torch.Tensor:
-    """Flat uint8 view of the cache's whole storage (padding bytes included)."""
-    flat = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    st = cache.untyped_storage()
-    return flat.set_(st, 0, (st.nbytes(),))
-
 
 def cache_to_device(cache: torch.Tensor) -> torch.Tensor:
     """Copy a cache view (page stride kept) to the GPU."""
@@ -267,22 +263,30 @@ def strict_equal(got_bits: torch.Tensor, want_bits: torch.Tensor) -> None:
 ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 
 
-def offline_lines(script: str) -> list[str]:
-    """Run an offline-compile report (``script``: Python source) in a subprocess without the
-    interpreter; its stdout lines. Skips without Triton's NVIDIA backend / Gluon or ptxas."""
+def offline_stdout(script: str, args=(), *, gluon: bool = True, timeout: int = 900) -> str:
+    """Run an offline-compile script (``script``: Python source, ``args``: its argv) in a
+    subprocess without the interpreter, from the repository root; its stdout. Skips without
+    Triton's NVIDIA backend (and Gluon when ``gluon``) or its bundled ptxas; fails on a nonzero
+    exit with the end of stderr."""
     try:
         importlib.import_module("triton.backends.nvidia.compiler")
-        importlib.import_module("triton.experimental.gluon._runtime")
+        if gluon:
+            importlib.import_module("triton.experimental.gluon._runtime")
     except ImportError:
         pytest.skip("Triton's NVIDIA backend / Gluon is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is unavailable")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout.strip().splitlines()
+    return proc.stdout
+
+
+def offline_lines(script: str) -> list[str]:
+    """The stdout lines of an offline-compile report (``offline_stdout``, Gluon needed)."""
+    return offline_stdout(script).strip().splitlines()
 
 
 def sass_report_lines(report: str, archs=(None,)) -> list[str]:

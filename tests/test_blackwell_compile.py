@@ -15,13 +15,10 @@ only when slow tests are asked for by marker: ``pytest -m slow tests/test_blackw
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from kernel_harness import offline_stdout
+
 ARCHS = (100, 103, 120)  # sm_100a (B200), sm_103a (B300), sm_120a (RTX 50 / RTX PRO)
 
 _SCRIPT = r'''
@@ -140,20 +137,8 @@ print(f"total {len(cases) * len(archs)} in {time.time() - t0:.0f} s")
 
 
 def _run(which: str) -> str:
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.backends.nvidia import compiler  # noqa: F401
-    except ImportError:
-        pytest.skip("Triton's NVIDIA backend is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, which, ",".join(map(str, ARCHS))],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                          check=False)
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("Triton's bundled ptxas is unavailable")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    return offline_stdout(_SCRIPT, (which, ",".join(map(str, ARCHS))), gluon=False,
+                          timeout=1800)
 
 
 def test_mma_kernels_compile_offline_for_blackwell():

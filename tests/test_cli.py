@@ -47,19 +47,21 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert e.value.code == 2 and "invalid choice: 'nosuch'" in capsys.readouterr().err
 
 
-def test_golden_usage_names_the_mounted_command(capsys):
+def _help(capsys, argv) -> str:
+    """The stdout of ``nvfp4-indexer <argv> --help`` (exit code 0)."""
     with pytest.raises(SystemExit) as e:
-        cli_main(["golden", "write", "--help"])
+        cli_main([*argv, "--help"])
     assert e.value.code == 0
-    assert "usage: nvfp4-indexer golden write" in capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_golden_usage_names_the_mounted_command(capsys):
+    assert "usage: nvfp4-indexer golden write" in _help(capsys, ["golden", "write"])
 
 
 def test_conformance_help_shows_the_smoke_run(capsys):
     """``nvfp4-indexer conformance --help`` names the quick run, not only ``run --help``."""
-    with pytest.raises(SystemExit) as e:
-        cli_main(["conformance", "--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+    out = _help(capsys, ["conformance"])
     assert out.startswith("usage: nvfp4-indexer conformance")
     lines = [line.strip() for line in out.splitlines()]
     assert "nvfp4-indexer conformance --smoke" in lines
@@ -68,10 +70,7 @@ def test_conformance_help_shows_the_smoke_run(capsys):
 
 
 def test_conformance_run_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        cli_main(["conformance", "run", "--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+    out = _help(capsys, ["conformance", "run"])
     assert "usage: nvfp4-indexer conformance run" in out
     flat = " ".join(out.split())  # the default backend is the reference: no interpreter
     assert "interpreter included" not in flat and "only with --backend triton --interpret" in flat

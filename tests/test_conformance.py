@@ -584,7 +584,6 @@ def test_smoke_suite(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_replays_triton():
     b = load_backend("triton", "cuda")
     res = wrapper_session(b, SMOKE, 3, "wrapper/gpu", 4, 2)

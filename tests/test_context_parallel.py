@@ -533,7 +533,6 @@ def graph_steps(rank, world, group, device, *, heads=4, q_len=2, exchange="all_g
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("exchange", ["all_gather", "all_to_all"])
 def test_gpu_single_rank_nccl_cuda_graph(tmp_path, exchange):
     """One-rank NCCL group in this process: the collectives and kernels captured in a CUDA

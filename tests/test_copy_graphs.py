@@ -162,7 +162,6 @@ def test_cpu_indexer_copies_eagerly():
 # ------------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_copies_read_the_sources_at_replay():
     dev = torch.device("cuda")
     cg = CopyGraphs(dev, capacity=2, capture_after=2)  # its stream made here

@@ -325,14 +325,26 @@ def test_triton_gluon_prefill_branch_plumbing(cache, gluon_twin, later):
     assert bool((out[rows:] == POISON).all())
 
 
+def _work_ops(fn) -> list:
+    """Names of the aten ops that do work (views left out) ``fn()`` issues, in call order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return func(*args, **(kwargs or {}))
+    with Record():
+        fn()
+    return [f.overloadpacket.__name__ for f in calls if not f.is_view]
+
+
 def test_plan_device_ops_are_the_copies():
     """A Triton plan issues no torch op that does work (views left out) but the prefill
     staging copy and, in a decode-only step, the decode wrapper's multi-tensor copy: the
     prefill seq-len clamp is in the kernels, and a mixed step's decode rows read the step's
     tensors in place. (CPU:
     the staging copy is forced; no kernel runs.)"""
-    from benchmarks.labs.engine_hostprof import device_ops
-
     ix = ni.Indexer(_config(max_model_len=2560, max_num_seqs=8), backend="triton")
     for st in ix._staging:
         st.copies = True  # as on a GPU (on the CPU the device buffer is the host one)
@@ -345,7 +357,7 @@ def test_plan_device_ops_are_the_copies():
     for step, want in cases:
         ix.plan(step)  # first use of a decode batch builds its wrapper
         for _ in range(2):  # both staging slots
-            assert sorted(device_ops(lambda: ix.plan(step))) == want
+            assert sorted(_work_ops(lambda: ix.plan(step))) == want
 
 
 def test_decoder_reused_and_buffers_never_move(cache):
@@ -481,8 +493,26 @@ def test_from_vllm_reads_fields_by_name(cache):
 
 # ------------------------------------------------------------------------------- GPU
 
+def _gpu_cache(nb, gen=None):
+    """A CUDA cache of ``nb`` blocks: random keys (``gen``: a CUDA generator) in a random slot
+    order."""
+    dev = torch.device("cuda")
+    c = ni.new_index_cache(nb, device=dev)
+    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev, generator=gen),
+                     torch.randperm(nb * 128, device=dev, generator=gen))
+    return c
+
+
+def _to_cuda(s, pin=False):
+    """``s`` with its device tensors on the GPU; its host tensors pinned when ``pin``."""
+    dev = torch.device("cuda")
+    host = (lambda t: t.pin_memory()) if pin else (lambda t: t)
+    return ni.StepMetadata(s.query_start_loc.to(dev), host(s.query_start_loc_cpu),
+                           s.seq_lens.to(dev), host(s.seq_lens_cpu), s.block_table.to(dev),
+                           s.num_decodes)
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_staging_reused_while_the_stream_is_busy():
     """The pageable prefill staging buffer may be rewritten as soon as its copy is enqueued:
     with the stream held by a sleeping kernel, plan / forward of step A, then B, then A'
@@ -490,19 +520,12 @@ def test_staging_reused_while_the_stream_is_busy():
     step its own rows (a copy that read the host buffer late would give A the rows of A')."""
     dev = torch.device("cuda")
     nb = 96
-    c = ni.new_index_cache(nb, device=dev)
-    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev),
-                     torch.randperm(nb * 128, device=dev))
+    c = _gpu_cache(nb)
     ix = ni.Indexer(_config(device=dev, max_num_seqs=8))
-
-    def to_dev(s):
-        return ni.StepMetadata(s.query_start_loc.to(dev), s.query_start_loc_cpu,
-                               s.seq_lens.to(dev), s.seq_lens_cpu, s.block_table.to(dev),
-                               s.num_decodes)
     cpu = [_step([2, 2, 30, 9], [300, 2500, 2400, 900], 2, seed=51),
            _step([2, 2, 12, 40, 5], [2900, 700, 3000, 2100, 2600], 2, seed=52),
            _step([2, 2, 44], [1900, 2200, 2700], 2, seed=53)]
-    steps = [to_dev(s) for s in cpu]
+    steps = [_to_cuda(s) for s in cpu]
     for s in steps:  # first uses (compiles) outside the timed part
         ix.forward(_queries(int(s.query_start_loc_cpu[-1])).to(dev), c, ix.plan(s),
                    torch.empty((int(s.query_start_loc_cpu[-1]), H, 16), dtype=torch.int32,
@@ -520,22 +543,14 @@ def test_staging_reused_while_the_stream_is_busy():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_plan_never_syncs_and_decode_graph_replays():
     dev = torch.device("cuda")
     nb = 96
-    c = ni.new_index_cache(nb, device=dev)
-    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev),
-                     torch.randperm(nb * 128, device=dev))
+    c = _gpu_cache(nb)
     ix = ni.Indexer(_config(device=dev))
     q_lens, seqs, nd = MIXED
-
-    def to_dev(s):
-        return ni.StepMetadata(s.query_start_loc.to(dev), s.query_start_loc_cpu.pin_memory(),
-                               s.seq_lens.to(dev), s.seq_lens_cpu.pin_memory(),
-                               s.block_table.to(dev), s.num_decodes)
-    mixed = to_dev(_step(q_lens, seqs, nd))
-    dec = to_dev(_step([3, 3, 3, 0], [2200, 3, 2900, 0], 4, seed=5))
+    mixed = _to_cuda(_step(q_lens, seqs, nd), pin=True)
+    dec = _to_cuda(_step([3, 3, 3, 0], [2200, 3, 2900, 0], 4, seed=5), pin=True)
     ix.decoder(3, 2)  # first use compiles (one sync): outside the debug mode
     ix.decoder(4, 3)
     q = _queries(sum(q_lens)).to(dev)
@@ -563,7 +578,7 @@ def test_plan_never_syncs_and_decode_graph_replays():
     with torch.cuda.graph(g):
         ix.forward(q, c, md2, out)
     dstep = _step([3, 3, 3, 0], [2300, 4, 2700, 0], 4, seed=8)
-    ix.plan(to_dev(dstep))
+    ix.plan(_to_cuda(dstep, pin=True))
     out.fill_(POISON)
     g.replay()
     torch.cuda.synchronize()
@@ -572,7 +587,6 @@ def test_plan_never_syncs_and_decode_graph_replays():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_decode_steps_replay_their_copies():
     """Decode-only steps of one (B, Q) with the engine's tensors kept at fixed addresses and
     rewritten in place every step: captured at the second plan, a graph replay from the third; plans
@@ -580,9 +594,7 @@ def test_decode_steps_replay_their_copies():
     tensors (another key) and a narrower block table copy correctly too."""
     dev = torch.device("cuda")
     nb = 96
-    c = ni.new_index_cache(nb, device=dev)
-    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev),
-                     torch.randperm(nb * 128, device=dev))
+    c = _gpu_cache(nb)
     cache_cpu = c.cpu()
     ix = ni.Indexer(_config(device=dev))
     q_lens, nd, width = [2, 2, 2, 0], 4, 26
@@ -1044,7 +1056,6 @@ def test_chunks_are_greedy():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_allow_fp8_mma_decode_steps():
     """``IndexerConfig(allow_fp8_mma=True)``: on SM90 a decode batch of >= 2048 pages runs the
     "wgflat" scorer with E4M3 operands (kernel dot "fp8", SPEC 9 b = 5; a small one the exact
@@ -1055,9 +1066,7 @@ def test_allow_fp8_mma_decode_steps():
     dev = torch.device("cuda")
     nb, b, qlen, width = 2400, 8, 2, 300
     gen = torch.Generator(device=dev).manual_seed(4)
-    c = ni.new_index_cache(nb, device=dev)
-    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev, generator=gen),
-                     torch.randperm(nb * 128, device=dev, generator=gen))
+    c = _gpu_cache(nb, gen)
     ix = ni.Indexer(_config(device=dev, max_model_len=width * 128, max_num_seqs=b,
                             allow_fp8_mma=True, num_heads=16))
     seqs = [width * 128 - 5 * i for i in range(b)]
@@ -1091,7 +1100,6 @@ def test_allow_fp8_mma_decode_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_allow_fp8_mma_prefill_step():
     """``IndexerConfig(allow_fp8_mma=True)`` on SM90: prefill chunks score in dot mode "fp8"
     (the Gluon kernel's E4M3 form for a chunk with context), rows valid tie-aware at b = 5;
@@ -1103,9 +1111,7 @@ def test_allow_fp8_mma_prefill_step():
     dev = torch.device("cuda")
     nb, new, ctx = 400, 1024, 40000
     gen = torch.Generator(device=dev).manual_seed(6)
-    c = ni.new_index_cache(nb, device=dev)
-    ni.write_index_k(c, torch.randn(nb * 128, 128, device=dev, generator=gen),
-                     torch.randperm(nb * 128, device=dev, generator=gen))
+    c = _gpu_cache(nb, gen)
     seq = new + ctx
     width = -(-seq // 128)
     step = ni.StepMetadata(

@@ -43,22 +43,24 @@ class Setup:
         self.w = torch.zeros(128)
 
     def decode_args(self, **kw):
-        a = dict(index_q=self.index_q, cache=self.cache, block_table=self.block_table,
-                 seq_lens=self.seq_lens, query_len=self.q_len, out=self.out)
-        a.update(kw)
-        return a
+        return self._args("index_q", "cache", "block_table", "seq_lens", "query_len", "out",
+                          **kw)
 
     def prefill_args(self, **kw):
-        a = dict(index_q=self.index_q, cache=self.cache, block_table=self.block_table,
-                 cu_seqlens_q=self.cu, seq_lens=self.seq_lens, out=self.out)
-        a.update(kw)
-        return a
+        return self._args("index_q", "cache", "block_table", "cu_seqlens_q", "seq_lens", "out",
+                          **kw)
 
     def insert_args(self, **kw):
-        a = dict(cache=self.cache, k=self.k, positions=self.pos, slot_mapping=self.slots + 1,
-                 k_norm_weight=self.w, cos_sin_cache=self.cs)
-        a.update(kw)
-        return a
+        return self._args("cache", "k", "positions", "slot_mapping", "k_norm_weight",
+                          "cos_sin_cache", **kw)
+
+    def _args(self, *names, **kw):
+        """Keyword arguments of the valid call, ``kw`` replacing some of them."""
+        valid = dict(index_q=self.index_q, cache=self.cache, block_table=self.block_table,
+                     seq_lens=self.seq_lens, query_len=self.q_len, out=self.out,
+                     cu_seqlens_q=self.cu, k=self.k, positions=self.pos,
+                     slot_mapping=self.slots + 1, k_norm_weight=self.w, cos_sin_cache=self.cs)
+        return {**{n: valid[n] for n in names}, **kw}
 
 
 @pytest.fixture
@@ -502,7 +504,6 @@ def test_wrapper_run_errors(s):
 # ----------------------------------------------------------------------------- devices
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cpu_cuda_mismatch(s):
     w = dict(watch=[s.cache])
     expect(ValueError, "k", ni.write_index_k, s.cache, s.k.cuda(), s.slots, **w, **REF)

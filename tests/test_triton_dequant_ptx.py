@@ -453,7 +453,6 @@ def test_decode_ptx_modes_compile_offline_for_sm90():
 
 # ------------------------------------------------------------------------------------ GPU
 
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 def _operand_kernel():
     """A Triton kernel: page ``pid``'s keys through ``ptx.nvfp4_dequant_ptx`` exactly as
@@ -500,7 +499,6 @@ def _pair_page_cache() -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("mode", ["ptx", "ptx_arith"])
 def test_gpu_ptx_operands_bit_exact(mode):
     """``nvfp4_dequant_ptx`` as the decode kernel calls it (uint16 code pairs loaded from a

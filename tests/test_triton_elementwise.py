@@ -7,7 +7,7 @@ How the CPU run works: Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` de
 function, i.e. when a kernel module is imported (it is not re-read at launch). So this module
 sets ``TRITON_INTERPRET=1`` when no CUDA device is present *before* importing any
 ``nvfp4_indexer.triton`` module; if another test module imported them earlier in compiled mode,
-``_kernels()`` reloads them (numerics first) so their kernels become interpreted. With a GPU the
+``kernel_harness.load_kernels`` reloads them (numerics first) so their kernels become interpreted. With a GPU the
 same tests run compiled on CUDA tensors, plus the ``gpu``-marked tests at realistic sizes.
 
 Bit-exact (SPEC 9): encode, quantize, paged write, dequantize. Fused insert / query:
@@ -17,10 +17,8 @@ every byte that differs from the float64 reference must be explained by SPEC 3's
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -41,7 +39,7 @@ from nvfp4_indexer.conformance.fixtures import rope_cache  # noqa: E402
 from nvfp4_indexer.conformance.judges import explain_keys, explain_queries  # noqa: E402
 from kernel_harness import as_bytes as _bytes  # noqa: E402
 from kernel_harness import assert_bytes_equal as _assert_bytes_equal  # noqa: E402
-from kernel_harness import random_cache  # noqa: E402
+from kernel_harness import load_kernels, offline_stdout, random_cache  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 PAD_STRIDE = 9216 + 64  # a page stride with padding (SPEC 2)
@@ -52,18 +50,7 @@ _MODULES = ("numerics", "encode", "quantize", "dequantize", "insert", "query")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN/inf in interpreter
 
 
-def _kernels():
-    """The kernel modules, interpreted when there is no GPU (reloaded if imported compiled)."""
-    mods = {n: importlib.import_module(f"nvfp4_indexer.triton.{n}") for n in _MODULES}
-    if not HAS_CUDA:
-        from triton.runtime.interpreter import InterpretedFunction
-        if not isinstance(mods["numerics"].e4m3_round, InterpretedFunction):
-            for name in _MODULES:  # dependency order: numerics first
-                mods[name] = importlib.reload(sys.modules[f"nvfp4_indexer.triton.{name}"])
-    return mods
-
-
-K = _kernels()
+K = load_kernels(_MODULES)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -312,6 +299,31 @@ def _token_bytes(cache, slots):
     return pages[blk[:, None], P.code_byte_index(off)], pages[blk[:, None], P.scale_byte_index(off)]
 
 
+def _check_insert(run, num_blocks, k, positions, weight, cs, rot, g, skip_every) -> None:
+    """Insert ``k`` into random slots of ``num_blocks`` poisoned blocks (every ``skip_every``-th
+    slot -1) with ``run(cache, slots)`` (the Triton insert) and with the reference, and compare
+    (SPEC 3, 9): bytes outside the written tokens (padding included) untouched; written tokens
+    identical or explained by SPEC 3's band, at most 2 of them differing; the checker accepts
+    the reference's bytes."""
+    slots = torch.randperm(num_blocks * 128, generator=g)[:k.shape[0]]
+    slots[::skip_every] = -1
+    slots = slots.to(DEV)
+    got, want = _poisoned_cache(num_blocks), _poisoned_cache(num_blocks)
+    run(got, slots)
+    api.insert_index_k(want, k, positions, slots, weight, cs, rotary_dim=rot,
+                       backend="reference")
+    diff = _storage(got) != _storage(want)
+    gc, gs = _token_bytes(got, slots)
+    wc, ws = _token_bytes(want, slots)
+    assert int(diff.sum()) == int((gc != wc).sum() + (gs != ws).sum())  # only token bytes
+    value, mag = norm_rope_exact(k[slots >= 0], positions[slots >= 0], weight, cs, rot, 1e-6)
+    differs = ((gc != wc).any(1) | (gs != ws).any(1)).cpu()
+    unexplained = key_unexplained(gc, gs, value, mag)
+    assert not bool((unexplained & differs).any()), differs.nonzero().flatten().tolist()
+    assert int(differs.sum()) <= 2
+    assert not bool(key_unexplained(wc, ws, value, mag).any())
+
+
 @pytest.mark.parametrize("dtype,rot,cs_dtype", [(torch.float32, 64, torch.float32),
                                                 (torch.bfloat16, 128, torch.bfloat16),
                                                 (torch.float16, 6, torch.float32),
@@ -328,25 +340,11 @@ def test_insert_index_k_band_exact(dtype, rot, cs_dtype):
     positions = positions.to(DEV)
     weight = (torch.randn(128, generator=g) * 0.3).to(DEV)
     cs = _rope_cache(max_pos, rot, cs_dtype, transposed=rot == 64)
-    slots = torch.randperm(num_blocks * 128, generator=g)[:t]
-    slots[::9] = -1
-    slots = slots.to(DEV)
-    got, want = _poisoned_cache(num_blocks), _poisoned_cache(num_blocks)
-    api.insert_index_k(got, k, positions, slots, weight, cs, rotary_dim=rot, backend="triton")
-    api.insert_index_k(want, k, positions, slots, weight, cs, rotary_dim=rot,
-                       backend="reference")
-    # Bytes outside the written tokens (padding included) are untouched.
-    diff = _storage(got) != _storage(want)
-    gc, gs = _token_bytes(got, slots)
-    wc, ws = _token_bytes(want, slots)
-    assert int(diff.sum()) == int((gc != wc).sum() + (gs != ws).sum())
-    # Written tokens: identical, or explained by SPEC 3's band; rare.
-    value, mag = norm_rope_exact(k[slots >= 0], positions[slots >= 0], weight, cs, rot, 1e-6)
-    differs = ((gc != wc).any(1) | (gs != ws).any(1)).cpu()
-    unexplained = key_unexplained(gc, gs, value, mag)
-    assert not bool((unexplained & differs).any()), differs.nonzero().flatten().tolist()
-    assert int(differs.sum()) <= 2
-    assert not bool(key_unexplained(wc, ws, value, mag).any())  # the checker accepts the ref
+
+    def run(cache, slots):
+        api.insert_index_k(cache, k, positions, slots, weight, cs, rotary_dim=rot,
+                           backend="triton")
+    _check_insert(run, num_blocks, k, positions, weight, cs, rot, g, skip_every=9)
 
 
 @pytest.mark.parametrize("rot,layout,tile", [(64, "slice", None), (128, "slice", (16, 1)),
@@ -377,23 +375,12 @@ def test_insert_index_k_layouts_tiles_and_edges(rot, layout, tile):
     positions = torch.randint(0, max_pos, (t,), generator=g).to(DEV)
     weight = (torch.randn(128, generator=g) * 0.3).to(DEV)
     cs = _rope_cache(max_pos, rot, torch.bfloat16)
-    slots = torch.randperm(num_blocks * 128, generator=g)[:t]
-    slots[::5] = -1
-    slots = slots.to(DEV)
-    got, want = _poisoned_cache(num_blocks), _poisoned_cache(num_blocks)
     bt, nw = tile if tile else (None, None)
-    K["insert"].insert_index_k(got, k, positions, slots, weight, cs, rot, 1e-6,
-                               config=K["insert"].InsertConfig(block_t=bt, num_warps=nw))
-    api.insert_index_k(want, k, positions, slots, weight, cs, rotary_dim=rot,
-                       backend="reference")
-    diff = _storage(got) != _storage(want)
-    gc, gs = _token_bytes(got, slots)
-    wc, ws = _token_bytes(want, slots)
-    assert int(diff.sum()) == int((gc != wc).sum() + (gs != ws).sum())  # only token bytes
-    value, mag = norm_rope_exact(k[slots >= 0], positions[slots >= 0], weight, cs, rot, 1e-6)
-    differs = ((gc != wc).any(1) | (gs != ws).any(1)).cpu()
-    assert not bool((key_unexplained(gc, gs, value, mag) & differs).any())
-    assert int(differs.sum()) <= 2
+
+    def run(cache, slots):
+        K["insert"].insert_index_k(cache, k, positions, slots, weight, cs, rot, 1e-6,
+                                   config=K["insert"].InsertConfig(block_t=bt, num_warps=nw))
+    _check_insert(run, num_blocks, k, positions, weight, cs, rot, g, skip_every=5)
 
 
 @pytest.mark.parametrize("dtype,rot,layout", [(torch.float32, 64, "slice"),
@@ -456,7 +443,6 @@ def test_band_checkers_catch_real_errors():
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_portable_and_native_encoders_agree():
     g = _gen(41)
     enc = K["encode"].encode_e4m3
@@ -482,7 +468,6 @@ def test_gpu_portable_and_native_encoders_agree():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_realistic_sizes():
     g = _gen(42)
     # quantize 64k rows over a wide dynamic range
@@ -591,19 +576,8 @@ def test_kernels_compile_offline_for_sm90():
     approximate division / sqrt, no flush-to-zero; the native E4M3 cvt only when
     PORTABLE=False (the gather's: ``tests/triton/prefill/test_gather.py``). Runs in a
     subprocess (this process's kernels may be interpreted)."""
-    import subprocess
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.backends.nvidia import compiler  # noqa: F401
-    except ImportError:
-        pytest.skip("Triton's NVIDIA backend is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled 14" in proc.stdout
+    out = offline_stdout(_COMPILE_SCRIPT, gluon=False, timeout=600)
+    assert "compiled 14" in out
 
 
 def test_insert_index_k_rejects_bad_tuning():

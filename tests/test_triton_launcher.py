@@ -96,6 +96,18 @@ def _stand_in_driver(monkeypatch) -> SimpleNamespace:
     return state
 
 
+def _direct_stand_in(monkeypatch, kernel, **constexprs):
+    """A ``CachedLaunch`` of ``kernel``'s stand-in on the direct path (what a CUDA host
+    decides) over the stand-in driver: (driver state, compiled stand-in, JIT stand-in,
+    launch)."""
+    state = _stand_in_driver(monkeypatch)
+    kern = _StandInCompiled()
+    fn = _StandInJit(kernel, kern)
+    launch = CachedLaunch(fn, **constexprs)
+    launch.direct = True
+    return state, kern, fn, launch
+
+
 def _run(launch, x, y, a):
     n = x.numel()
     launch((triton.cdiv(n, 64),), x, y, n, a)
@@ -185,11 +197,7 @@ def test_direct_path_on_a_stand_in_kernel(monkeypatch):
     padded to 3, the current stream, the launch metadata and hooks, then the runtime arguments
     and the constexprs in parameter order (defaults included); a launch the JIT skips (it
     returned no kernel) is not kept."""
-    _stand_in_driver(monkeypatch)
-    kern = _StandInCompiled()
-    fn = _StandInJit(_tail_kernel, kern)
-    launch = CachedLaunch(fn, A=2, num_warps=1)
-    launch.direct = True  # what a CUDA host decides
+    _, kern, fn, launch = _direct_stand_in(monkeypatch, _tail_kernel, A=2, num_warps=1)
     x = torch.zeros(8, dtype=torch.int32)
     launch((3,), x, 7)
     assert fn.jit == [((3,), (x, 7), {"A": 2, "num_warps": 1})] and kern.inits == 1
@@ -293,11 +301,7 @@ def test_direct_launch_rekeys_on_every_specialization_change(monkeypatch):
     """On the direct path a change of tensor dtype or alignment, int class (1, a multiple of 16,
     beyond i32, beyond i64), None / bool / float / int type at a float's place, device or JIT
     compile knob goes through the JIT once, then direct; a change within a class stays direct."""
-    state = _stand_in_driver(monkeypatch)
-    kern = _StandInCompiled()
-    fn = _StandInJit(_three_kernel, kern)
-    launch = CachedLaunch(fn, A=2)
-    launch.direct = True
+    state, kern, fn, launch = _direct_stand_in(monkeypatch, _three_kernel, A=2)
     raw = torch.zeros(64, dtype=torch.uint8)
     x = raw[:32].view(torch.int32)
     base = (x, 7, 0.5)
@@ -343,11 +347,7 @@ def test_direct_launch_rekeys_on_every_specialization_change(monkeypatch):
 def test_direct_launch_refuses_what_the_jit_path_refuses(monkeypatch):
     """The direct path's errors are the interpreter path's, before the typed key exists and
     after: a wrong argument count, a numpy integer, a string (nothing launched)."""
-    _stand_in_driver(monkeypatch)
-    kern = _StandInCompiled()
-    fn = _StandInJit(_three_kernel, kern)
-    launch = CachedLaunch(fn, A=2)
-    launch.direct = True
+    _, kern, fn, launch = _direct_stand_in(monkeypatch, _three_kernel, A=2)
     x = torch.zeros(8, dtype=torch.int32)
     for ready in (False, True):
         with pytest.raises(TypeError, match="expected 3 runtime arguments, got 2"):
@@ -363,7 +363,6 @@ def test_direct_launch_refuses_what_the_jit_path_refuses(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_direct_launches_per_specialization_and_in_graphs():
     launch = CachedLaunch(_axpb_kernel, B=-7, BLOCK=64, num_warps=1)
     assert launch.direct

@@ -165,11 +165,8 @@ def test_page_scores_matches_reference():
 
 # ------------------------------------------------------------------------------ GPU (realistic)
 
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("dot", ["fp16", "bf16", "fp8", "fp32"])
 def test_gpu_dot_modes(dot):
     """Every dot mode on the GPU: observed score error within SCORE_ERROR_BITS; decode and
@@ -202,7 +199,6 @@ def test_gpu_dot_modes(dot):
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_page_scores_realistic():
     batch = Batch([70000, 0, 5000, 129], seed=101)
     qsl = torch.tensor([0, 8, 9, 200, 204], dtype=torch.int32, device=DEV)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_harness import DEV, HAS_CUDA, strict_equal  # noqa: F401  (sets TRITON_INTERPRET)
+from kernel_harness import DEV, strict_equal  # importing it sets TRITON_INTERPRET
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -132,23 +132,18 @@ def test_lut_table_e4m3_is_signed_lut_table():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_gpu_lut_asm_bit_exact():
-    """The inline-PTX lookup (the registers the wgmma scorer feeds its MMA) over all pairs."""
+@pytest.mark.parametrize("operand", ["f16", "e4m3"])
+def test_gpu_lut_asm_bit_exact(operand):
+    """The inline-PTX lookups on the device over all pairs: "f16" the registers the wgmma
+    scorer feeds its MMA (fp16 bits, NaN by position), "e4m3" the E4M3-operand lookup (dot
+    mode "fp8"; bytes equal, NaN by position)."""
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("needs SM80+")
     codes, scales = probes.exhaustive_groups()
-    got = probes.lut_asm_dequant(codes.to(DEV), scales.to(DEV))
-    strict_equal(got, probes.reference_f16_bits(codes, scales))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_gpu_lut_e4m3_asm_bit_exact():
-    """The E4M3-operand lookup (dot mode "fp8") on the device over all pairs."""
-    if torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("needs SM80+")
-    codes, scales = probes.exhaustive_groups()
+    if operand == "f16":
+        got = probes.lut_asm_dequant(codes.to(DEV), scales.to(DEV))
+        strict_equal(got, probes.reference_f16_bits(codes, scales))
+        return
     got = probes.lut_e4m3_asm_dequant(codes.to(DEV), scales.to(DEV)).cpu()
     want = probes.reference_e4m3_bytes(codes, scales)
     nan = (want & 0x7F) == 0x7F

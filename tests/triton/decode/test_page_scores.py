@@ -147,6 +147,20 @@ def test_flat_score_kernel_writes_exactly_the_scored_pages(dequant, q_len, heads
         assert torch.equal(sc.view(torch.int32), results[0].view(torch.int32))
 
 
+def _run_edited_metadata(batch, bt, seq, q_len, heads, dequant, q_seed):
+    """Decode ``batch.cache`` with a runner planned for ``batch``'s shape but run on block
+    table ``bt`` and seq_lens ``seq`` (metadata edited after planning; 2 splits) into a
+    poisoned buffer; its guards checked, the rows on the CPU."""
+    b, w = batch.block_table.shape
+    q = random_q(b * q_len, heads, seed=q_seed)
+    big, out = poisoned_out(b * q_len, heads)
+    cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
+    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
+    runner.run(q, batch.cache, bt, seq, out)
+    assert_guards(big)
+    return out.cpu()
+
+
 @pytest.mark.parametrize("dequant", FAST_MODES)
 def test_decode_lut_spec10_clamps(dequant):
     """SPEC 10: block ids outside the cache and seq_lens past the table width (metadata edited
@@ -159,13 +173,7 @@ def test_decode_lut_spec10_clamps(dequant):
     bt[0, 5] = 10 ** 6  # far outside the cache
     bt[1, 7] = -3
     seq = torch.tensor([w * 128 + 5000, 2300], dtype=torch.int32, device=DEV)
-    q = random_q(b * q_len, heads, seed=2)
-    big, out = poisoned_out(b * q_len, heads)
-    cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
-    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
-    runner.run(q, batch.cache, bt, seq, out)
-    assert_guards(big)
-    o = out.cpu()
+    o = _run_edited_metadata(batch, bt, seq, q_len, heads, dequant, q_seed=2)
     assert int(o.min()) >= 0 and int(o.max()) < w
     assert (o[0:2, :, 15] == w - 1).all()  # request 0: local page clamped to the width
     for row in o[0:2].reshape(-1, 16):  # 15 distinct history pages
@@ -182,18 +190,12 @@ def test_decode_lut_int32_min_seq_lens_are_padding(dequant):
     batch = Batch([2400, 2300], seed=6)
     b, w = batch.block_table.shape
     seq = torch.tensor([-2 ** 31, -2 ** 31 + 1], dtype=torch.int32, device=DEV)
-    q = random_q(b * q_len, heads, seed=3)
-    big, out = poisoned_out(b * q_len, heads)
-    cfg = DECODE.DecodeConfig(dequant=dequant, num_splits=2, dot=None if HAS_CUDA else "fp32")
-    runner = DECODE.DecodeRunner(heads, b, w, q_len, DEV, config=cfg)
-    runner.run(q, batch.cache, batch.block_table, seq, out)
-    assert_guards(big)
+    o = _run_edited_metadata(batch, batch.block_table, seq, q_len, heads, dequant, q_seed=3)
     pad = torch.tensor([0] + [-1] * 15, dtype=torch.int32)
-    assert bool((out.cpu() == pad).all())
+    assert bool((o == pad).all())
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgmma", "wgflat-fp8"])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
 def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
@@ -238,7 +240,6 @@ def test_gpu_page_score_decode_graph_replays(num_splits, dequant):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgflat-fp8"])
 @pytest.mark.parametrize("programs", [None, 7])
 def test_gpu_flat_scorers_many_requests(dequant, programs):
@@ -384,7 +385,6 @@ def test_gluon_scorers_warmup_compiles_what_real_launches_run():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dequant", ["mma", "wgflat", "wgmma"])
 def test_gpu_page_score_first_run_captured(dequant):
     """The Gluon scorers' first real run may be the captured one (the runner's warmup

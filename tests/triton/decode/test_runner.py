@@ -25,8 +25,6 @@ DECODE = K["decode.runner"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy NaN in interpreter
 
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-
 
 @pytest.mark.parametrize("q_len,heads,num_splits,window", [(1, 1, 1, 4), (2, 2, 3, 2),
                                                            (4, 2, None, 64), (8, 1, 5, 1),
@@ -91,6 +89,16 @@ def test_decode_nan_pages_and_api():
         assert torch.equal(out, ref.select_pages(s, local_pages(batch.seq_lens, qsl)))
 
 
+def _fixed_buffers(b, width, q_len, heads, bt_fill):
+    """The buffers a replayed decode reads and writes at fixed addresses: block table
+    ``int32 [b, width]`` (all ``bt_fill``), seq_lens ``int32 [b]``, queries E4M3
+    ``[b * q_len, heads, 128]`` (zeros) and ``poisoned_out``'s (guarded buffer, output)."""
+    bt_buf = torch.full((b, width), bt_fill, dtype=torch.int32, device=DEV)
+    sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
+    q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
+    return (bt_buf, sl_buf, q_buf, *poisoned_out(b * q_len, heads))
+
+
 def test_decode_runner_in_place_updates():
     """One runner, its buffers changed in place between runs (the CUDA-graph contract, SPEC 6):
     seq_lens grow / shrink / become padding, block tables are rewritten, q changes."""
@@ -114,10 +122,7 @@ def test_decode_runner_in_place_updates():
         t[:, :c.width] = torch.where(hist, c.block_table + at, c.block_table)
         tables.append(t)
         at += n
-    bt_buf = torch.full((b, width), 77, dtype=torch.int32, device=DEV)
-    sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
-    q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
-    big, out = poisoned_out(b * q_len, heads)
+    bt_buf, sl_buf, q_buf, big, out = _fixed_buffers(b, width, q_len, heads, bt_fill=77)
     runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
                                  config=DECODE.DecodeConfig(num_splits=3), warmup=True)
     for step, (c, t) in enumerate(zip(caches + caches[:1], tables + tables[:1])):
@@ -181,7 +186,6 @@ def test_decode_score_buffer_and_splits():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("b,max_len,q_len,heads", [(1, 131072, 8, 4), (4, 131072, 1, 1),
                                                    (8, 40000, 4, 2), (64, 20000, 8, 4),
                                                    (64, 131072, 1, 2), (32, 3000, 2, 4)])
@@ -199,7 +203,6 @@ def test_gpu_decode_realistic(b, max_len, q_len, heads):
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gpu_decode_cuda_graph_replays(pdl):
     """Capture DecodeRunner.run once; 50 replays after in-place changes of q, seq_lens
@@ -212,10 +215,7 @@ def test_gpu_decode_cuda_graph_replays(pdl):
     width = pool.width
     blocks_per_req = max_len // 128 - 1  # history blocks of a full request
     pool_blocks = torch.cat([pool.block_table[r, :blocks_per_req] for r in range(4)])
-    bt_buf = torch.zeros((b, width), dtype=torch.int32, device=DEV)
-    sl_buf = torch.zeros(b, dtype=torch.int32, device=DEV)
-    q_buf = torch.zeros((b * q_len, heads, 128), dtype=torch.float8_e4m3fn, device=DEV)
-    big, out = poisoned_out(b * q_len, heads)
+    bt_buf, sl_buf, q_buf, big, out = _fixed_buffers(b, width, q_len, heads, bt_fill=0)
     runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
                                  config=DECODE.DecodeConfig(pdl=pdl))
     assert runner.num_splits > 1  # the merge kernel (the PDL launch) runs
@@ -253,7 +253,6 @@ def test_gpu_decode_cuda_graph_replays(pdl):
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_wrapper_graph():
     """The public DecodeIndexerWrapper (plan outside, run captured) over DecodeRunner."""
     b, q_len, heads = 8, 2, 4

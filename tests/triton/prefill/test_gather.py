@@ -314,7 +314,6 @@ def _all_pairs_cache(num_blocks: int, gen) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tuning", [dict(dequant="ptx"),
                                     dict(dequant="ptx", tok_block=128, num_warps=8),
                                     dict(dequant="ptx", tok_block=8, num_warps=1),
@@ -369,7 +368,6 @@ def test_gpu_gather_dequant_modes_bit_exact(tuning):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_gather_misaligned_workspace():
     """A workspace view that is not 4-byte aligned: the default falls back to the byte path
     (still exact, neighbours untouched), an explicit dequant="ptx" is refused (no misaligned

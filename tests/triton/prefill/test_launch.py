@@ -125,7 +125,6 @@ def test_kernel_knob_checked():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("specs,budget", [
     ([(1024, 32768 + 1024)], None),
     ([(1024, 1024)] * 2 + [(2048, 34816), (512, 131072 + 512)], None),
