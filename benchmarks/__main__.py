@@ -7,11 +7,12 @@ Examples::
     python -m benchmarks --suite decode-lowlat    # one suite
     python -m benchmarks --cpu-smoke              # every code path on CPU, tiny, no timing claims
 
-Outputs (``--out DIR``, default ``out/benchmarks``): ``bench.json`` (rewritten after every
-case, so a run stopped early keeps what it measured), ``tables.md`` and ``roofline.png``.
-Progress lines carry seconds since start and are flushed as they happen. The plot needs
-matplotlib (checked before any work; ``--no-plot`` skips it). ``benchmarks`` is installed with
-the package (``pip install -e .``), so ``python -m benchmarks`` runs from any folder.
+Outputs (``--out DIR``, default ``out/benchmarks``, ``out/benchmarks-smoke`` with
+``--cpu-smoke``): ``bench.json`` (rewritten after every case, so a run stopped early keeps what
+it measured), ``tables.md`` and ``roofline.png``. Progress lines carry seconds since start and
+are flushed as they happen. The plot needs matplotlib (checked before any work; ``--no-plot``
+skips it). ``benchmarks`` is not installed with the package: run ``python -m benchmarks`` from
+the repository root (with ``nvfp4_indexer`` installed, e.g. ``pip install -e .``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ the same graph replayed back to back, L2-warm);
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -39,6 +40,18 @@ GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PLAN_REPEATS = 50
 PLAN_WARMUP = 10
 TARGET_MIXED_OVER_KERNELS = 1.10
+
+
+def step_metadata(q_lens: list[int], seq_lens: list[int], block_table: torch.Tensor,
+                  num_decodes: int, dev: torch.device) -> ni.StepMetadata:
+    """The ``StepMetadata`` of requests with ``q_lens`` query tokens and ``seq_lens`` tokens
+    each (the first ``num_decodes`` of them decodes): int32 query start locations and seq
+    lens on ``dev`` and on the host (pinned where ``dev`` is a GPU)."""
+    qsl = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    pin = dev.type == "cuda"
+    return ni.StepMetadata(qsl.to(dev), qsl.pin_memory() if pin else qsl, seq.to(dev),
+                           seq.pin_memory() if pin else seq, block_table, num_decodes)
 
 
 def engine_case(ctx, case: wl.EngineCase) -> dict:
@@ -59,12 +72,7 @@ def engine_case(ctx, case: wl.EngineCase) -> dict:
     tr = wl.engine_traffic(case)
     width = config.max_pages
     bt = ctx.pool.block_tables(sl, 1, width)[0]
-    qsl = torch.tensor([0] + [sum(q_lens[:i + 1]) for i in range(len(q_lens))],
-                       dtype=torch.int32)
-    seq_cpu = torch.tensor(sl, dtype=torch.int32)
-    pin = dev.type == "cuda"
-    step = ni.StepMetadata(qsl.to(dev), qsl.pin_memory() if pin else qsl, seq_cpu.to(dev),
-                           seq_cpu.pin_memory() if pin else seq_cpu, bt, b)
+    step = step_metadata(q_lens, sl, bt, b, dev)
     index_q = random_index_q(rows, h, dev, ctx.gen(case.name))
     out = torch.full((rows, h, TOPK), POISON, dtype=torch.int32, device=dev)
     rec = {"batch": b, "query_len": q, "nominal": case.nominal, "num_heads": h,
@@ -86,7 +94,8 @@ def engine_case(ctx, case: wl.EngineCase) -> dict:
                                          backend="reference"))
         if new:
             ref.append(ni.prefill_indexer(index_q[b * q:], cache, bt[b:],
-                                          (qsl[b:] - qsl[b]).to(dev), step.seq_lens[b:],
+                                          step.query_start_loc[b:] - step.query_start_loc[b],
+                                          step.seq_lens[b:],
                                           backend="reference"))
         ref = torch.cat(ref)
         rec["rows_equal_reference"] = float((out == ref).all(dim=-1).float().mean())

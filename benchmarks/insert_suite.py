@@ -17,12 +17,14 @@ from .context import Context, finish, ref_time, traffic_fields, written_bytes
 from .pool import PagePool, random_keys
 from .timing import rotation_slots, sync
 
-def insert_inputs(ctx: Context, case: wl.InsertCase, slots: int):
-    """An insert case's own page pool and, per rotation slot, ``(keys bf16, positions,
-    distinct random slots)``; plus the norm weight and the cos/sin cache.
-    Returns ``(pool, weight, cos_sin, inputs)``."""
+def insert_inputs(ctx: Context, case: wl.InsertCase):
+    """An insert case's traffic, rotation slot count, own page pool and, per rotation slot,
+    ``(keys bf16, positions, distinct random slots)``; plus the norm weight and the cos/sin
+    cache. Returns ``(traffic, slots, pool, weight, cos_sin, inputs)``."""
     dev = ctx.device
-    pool = PagePool(case.cache_pages, dev, seed=ctx.seed + 5, log=ctx.log)
+    tr = wl.insert_traffic(case)
+    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
+    pool = PagePool(wl.pages_needed(case.cache_tokens), dev, seed=ctx.seed + 5, log=ctx.log)
     gen = ctx.gen(case.name)
     cpu_gen = torch.Generator().manual_seed(ctx.seed + 17)
     weight = (0.1 * torch.randn(128, device=dev, generator=gen)).float()
@@ -33,14 +35,12 @@ def insert_inputs(ctx: Context, case: wl.InsertCase, slots: int):
         pos = torch.randint(0, case.max_position, (case.tokens,), device=dev, generator=gen)
         slot = torch.randperm(case.cache_tokens, generator=cpu_gen)[:case.tokens].to(dev)
         inputs.append((k, pos, slot))
-    return pool, weight, cos_sin, inputs
+    return tr, slots, pool, weight, cos_sin, inputs
 
 
 def insert_case(ctx: Context, case: wl.InsertCase) -> dict:
     dev = ctx.device
-    tr = wl.insert_traffic(case)
-    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
-    pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
+    tr, slots, pool, weight, cos_sin, inputs = insert_inputs(ctx, case)
     cache = pool.cache
     rec = {"tokens": case.tokens, "cache_tokens": case.cache_tokens,
            "rotary_dim": case.rotary_dim, **traffic_fields(tr), "slots": slots,

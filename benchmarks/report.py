@@ -56,8 +56,15 @@ def _decode_note(r) -> str:
     return " ".join(notes)
 
 
+def _plain(*header_keys: tuple[str, str]) -> list[tuple[str, Callable]]:
+    """Columns ``(header, record key)`` that print the record's value as it is."""
+    return [(h, lambda r, k=k: str(r[k])) for h, k in header_keys]
+
+
 # columns several suites share
 CASE_COL = ("case", lambda r: r["name"])
+PAGES_MB_COL = ("pages MB", lambda r: _f(r["pages_bytes"] / 1e6))
+US_COL = ("us/call", lambda r: _f(r["us"], "{:.1f}"))
 GBPS_COL = ("GB/s", lambda r: _f(r["gbps"], "{:.0f}"))
 COPY_COL = ("% copy", lambda r: _pct(r.get("copy_ratio")))
 BANDWIDTH_COLS = [GBPS_COL, COPY_COL, ("% mix", lambda r: _pct(r.get("mix_ratio")))]
@@ -67,13 +74,10 @@ REF_COLS = [("ref ms", _ref_ms), ("speedup", lambda r: _f(r.get("speedup"), "{:.
 
 DECODE_COLS: list[tuple[str, Callable]] = [
     CASE_COL,
-    ("B", lambda r: str(r["batch"])),
-    ("S", lambda r: str(r["nominal"])),
-    ("Q", lambda r: str(r["query_len"])),
-    ("H", lambda r: str(r["num_heads"])),
-    ("weight", lambda r: str(r["weight"])),
-    ("pages MB", lambda r: _f(r["pages_bytes"] / 1e6)),
-    ("slots", lambda r: str(r["slots"])),
+    *_plain(("B", "batch"), ("S", "nominal"), ("Q", "query_len"), ("H", "num_heads"),
+            ("weight", "weight")),
+    PAGES_MB_COL,
+    *_plain(("slots", "slots")),
     ("reuse/L2", lambda r: _f(r.get("reuse_over_l2"))),
     ("us/call", lambda r: _f(r["us"], "{:.2f}")),
     GBPS_COL, COPY_COL,
@@ -83,12 +87,10 @@ DECODE_COLS: list[tuple[str, Callable]] = [
 ]
 PREFILL_COLS = [
     CASE_COL,
-    ("new", lambda r: str(r["new_tokens"])),
-    ("ctx", lambda r: str(r["context"])),
-    ("R", lambda r: str(r["num_reqs"])),
-    ("pages MB", lambda r: _f(r["pages_bytes"] / 1e6)),
+    *_plain(("new", "new_tokens"), ("ctx", "context"), ("R", "num_reqs")),
+    PAGES_MB_COL,
     ("GFLOP", lambda r: _f(r["flops"] / 1e9)),
-    ("us/call", lambda r: _f(r["us"], "{:.1f}")),
+    US_COL,
     ("TFLOP/s", lambda r: _f(r.get("tflops"))),
     ("% fp8 mm", lambda r: _pct(r.get("matmul_ratio"))),
     ("% 16-bit mm", lambda r: _pct(r.get("mm16_ratio"))),
@@ -102,19 +104,19 @@ PREFILL_COLS = [
 ]
 GATHER_COLS = [
     CASE_COL,
-    ("pages", lambda r: str(r["history_pages"])),
+    *_plain(("pages", "history_pages")),
     ("MB moved", lambda r: _f(r["bytes_moved"] / 1e6)),
-    ("us/call", lambda r: _f(r["us"], "{:.1f}")),
+    US_COL,
     *BANDWIDTH_COLS,
     API_COL,
     *REF_COLS,
 ]
 INSERT_COLS = [
     CASE_COL,
-    ("tokens", lambda r: str(r["tokens"])),
+    *_plain(("tokens", "tokens")),
     ("MB moved", lambda r: _f(r["bytes_moved"] / 1e6, "{:.2f}")),
-    ("slots", lambda r: str(r["slots"])),
-    ("us/call", lambda r: _f(r["us"], "{:.1f}")),
+    *_plain(("slots", "slots")),
+    US_COL,
     *BANDWIDTH_COLS,
     ("method", lambda r: r["timing"]["method"]),
     API_COL,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import importlib
 import os
 import platform
 import statistics
@@ -111,6 +112,15 @@ def _run_on_side_stream(calls: list[Callable[[], object]], device: torch.device)
     torch.cuda.synchronize(device)
 
 
+def _capture(calls: list[Callable[[], object]]) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of ``calls`` in order."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
 def time_graph(calls: list[Callable[[], object]], device: torch.device, *,
                graph_calls: int = GRAPH_CALLS, warmup: int = WARMUP,
                replays: int = REPLAYS) -> Timing:
@@ -124,13 +134,7 @@ def time_graph(calls: list[Callable[[], object]], device: torch.device, *,
     """
     _run_on_side_stream(calls, device)
     seq = graph_sequence(len(calls), graph_calls)
-    graphs = []
-    for chunk in seq:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in chunk:
-                calls[i]()
-        graphs.append(g)
+    graphs = [_capture([calls[i] for i in chunk]) for chunk in seq]
     total = sum(len(chunk) for chunk in seq)
     best: list[float] | None = None
     for _attempt in range(2):  # re-measure once when the spread is large
@@ -168,12 +172,7 @@ def time_graph_single(calls: list[Callable[[], object]], device: torch.device, *
         RuntimeError (or the capture's own error): a call that cannot be captured.
     """
     _run_on_side_stream(calls, device)
-    graphs = []
-    for c in calls:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            c()
-        graphs.append(g)
+    graphs = [_capture([c]) for c in calls]
     t = time_eager([g.replay for g in graphs], device, flush=flush, warmup=warmup,
                    max_samples=max_samples, min_samples=min_samples, max_seconds=max_seconds)
     t.method = "cuda-graph-single+flush" if flush is not None else "cuda-graph-single"
@@ -498,16 +497,11 @@ def environment(device: torch.device) -> dict:
         "git_dirty": dirty,
         "device_type": device.type,
     }
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    try:
-        import numpy
-        env["numpy"] = numpy.__version__
-    except ImportError:
-        env["numpy"] = None
+    for module in ("triton", "numpy"):
+        try:
+            env[module] = importlib.import_module(module).__version__
+        except ImportError:
+            env[module] = None
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update({

@@ -98,9 +98,21 @@ def pages_needed(seq_len: int) -> int:
     return -(-seq_len // PAGE_SIZE)
 
 
+class _NamedCase:
+    """A case named by its class's ``NAME`` pattern filled in with its fields."""
+
+    NAME = ""
+
+    @property
+    def name(self) -> str:
+        return self.NAME.format(**vars(self))
+
+
 @dataclass(frozen=True)
-class DecodeCase:
+class DecodeCase(_NamedCase):
     """One uniform decode batch: B requests, Q queries each, H index heads."""
+
+    NAME = "b{batch}_s{nominal}_q{query_len}_h{num_heads}"
 
     suite: str
     batch: int
@@ -109,27 +121,21 @@ class DecodeCase:
     num_heads: int = DECODE_HEADS
     weight: int = 0
 
-    @property
-    def name(self) -> str:
-        return f"b{self.batch}_s{self.nominal}_q{self.query_len}_h{self.num_heads}"
-
     def seq_lens(self) -> list[int]:
         return make_seq_lens(self.batch, self.nominal, self.query_len)
 
 
 @dataclass(frozen=True)
-class PrefillCase:
+class PrefillCase(_NamedCase):
     """Prefill: ``new_tokens`` new tokens in total, split evenly over ``num_reqs`` requests,
     each request with ``context`` cached tokens before them (WORKLOADS.md "Prefill")."""
+
+    NAME = "n{new_tokens}_c{context}_r{num_reqs}"
 
     new_tokens: int
     context: int
     num_reqs: int
     num_heads: int = PREFILL_HEADS
-
-    @property
-    def name(self) -> str:
-        return f"n{self.new_tokens}_c{self.context}_r{self.num_reqs}"
 
     @property
     def q_len(self) -> int:
@@ -144,21 +150,15 @@ class PrefillCase:
 
 
 @dataclass(frozen=True)
-class InsertCase:
+class InsertCase(_NamedCase):
     """Insert ``tokens`` keys (bf16) at random distinct slots of a ``cache_tokens`` cache."""
+
+    NAME = "t{tokens}_cache{cache_tokens}"
 
     tokens: int = INSERT_TOKENS
     cache_tokens: int = INSERT_CACHE_TOKENS
     max_position: int = INSERT_MAX_POSITION
     rotary_dim: int = ROTARY_DIM
-
-    @property
-    def name(self) -> str:
-        return f"t{self.tokens}_cache{self.cache_tokens}"
-
-    @property
-    def cache_pages(self) -> int:
-        return -(-self.cache_tokens // PAGE_SIZE)
 
 
 @dataclass

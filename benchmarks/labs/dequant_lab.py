@@ -25,12 +25,13 @@ A variant that fails (compile error, wrong result) is reported and the lab goes 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import traceback
 
 import torch
+
+from .cli import gpu_args, lab_parser
 
 START = time.monotonic()
 
@@ -266,7 +267,7 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
 
 def main(argv=None) -> int:
     global Q_LEN, HEADS
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="4 variants, 2 cases")
     ap.add_argument("--budget-s", type=float, default=210.0,
                     help="stop starting timings after this many seconds (default 210)")
@@ -278,12 +279,9 @@ def main(argv=None) -> int:
                     help=f"query tokens per request Q (default {Q_LEN}), every step")
     ap.add_argument("--heads", type=int, default=None,
                     help=f"index heads H (default {HEADS}), every step")
-    args = ap.parse_args(argv)
+    args = gpu_args(ap, argv, "dequant_lab")
     Q_LEN = args.q_len or Q_LEN
     HEADS = args.heads or HEADS
-    if not torch.cuda.is_available():
-        print("dequant_lab: needs a CUDA GPU", flush=True)
-        return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     import triton
 

@@ -11,7 +11,6 @@ ratio inside a long run, after other work on the host; this lab times it alone.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
@@ -23,15 +22,13 @@ from ..workloads import engine_cases
 from ..pool import random_index_q
 from ..timing import time_eager, time_graph_single
 from .knob_lab import ensure_pool, log, make_context
+from .cli import gpu_args, lab_parser, print_markdown
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--samples", type=int, default=30)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("engine_forward_lab: needs a CUDA GPU")
-        return 2
+    args = gpu_args(ap, argv, "engine_forward_lab")
     ctx = make_context()
     cases = [c for c in engine_cases() if c.prefills]
     ensure_pool(ctx, max(c.pool_pages() for c in cases) * 3)
@@ -64,10 +61,9 @@ def main(argv=None) -> int:
         log(f"{case.name:42s} kernels {kern.us:8.1f}  eager {eager.us:8.1f} "
             f"({eager.us / kern.us:.3f})")
         ix = md = None  # free the step's buffers before the next
-    print("\n| step | kernels us | eager forward us (ratio) |")
-    print("|---|---:|---:|")
-    for name, k, e in rows_out:
-        print(f"| {name} | {k:.1f} | {e:.1f} ({e / k:.3f}) |")
+    print_markdown(["step", "kernels us", "eager forward us (ratio)"],
+                   [[name, f"{k:.1f}", f"{e:.1f} ({e / k:.3f})"] for name, k, e in rows_out],
+                   ["---", "---:", "---:"])
     return 0
 
 

@@ -36,12 +36,13 @@ import sys
 import time
 from collections import defaultdict
 
-import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nvfp4_indexer as ni
 from nvfp4_indexer import engine as eng
+
+from ..engine_suite import step_metadata
 
 H = 4
 GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -90,11 +91,7 @@ def build(case, dev, backend):
     gen = torch.Generator().manual_seed(7)
     bt = torch.randint(0, nblocks, (len(sl), config.max_pages), dtype=torch.int32,
                        generator=gen).to(dev)
-    qsl = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
-    seq = torch.tensor(sl, dtype=torch.int32)
-    pin = dev.type == "cuda"
-    step = ni.StepMetadata(qsl.to(dev), qsl.pin_memory() if pin else qsl, seq.to(dev),
-                           seq.pin_memory() if pin else seq, bt, b)
+    step = step_metadata(q_lens, sl, bt, b, dev)
     cache = ni.new_index_cache(nblocks, device=dev)
     index_q = torch.zeros((rows, H, 128), dtype=torch.float8_e4m3fn, device=dev)
     out = torch.empty((rows, H, 16), dtype=torch.int32, device=dev)

@@ -21,7 +21,6 @@ Calls are queued behind a sleeping kernel, so the GPU never waits and ``perf_cou
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import statistics
 import time
@@ -29,6 +28,8 @@ import time
 import torch
 import triton
 import triton.language as tl
+
+from .cli import gpu_args, lab_parser
 
 
 @triton.jit
@@ -69,12 +70,9 @@ def _raw_run(launch, grid, args):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--calls", type=int, default=200)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("hostop_cost: needs a CUDA GPU")
-        return 2
+    args = gpu_args(ap, argv, "hostop_cost")
     import nvfp4_indexer as ni
     from nvfp4_indexer.triton.config import DecodeConfig
     from nvfp4_indexer.triton.decode import DecodeRunner

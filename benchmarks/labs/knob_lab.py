@@ -36,6 +36,7 @@ import traceback
 import torch
 
 from .profile_case import config_of, knob_value
+from .cli import gpu_args, lab_parser, print_markdown
 
 START = time.monotonic()
 
@@ -92,6 +93,14 @@ def _record(part, case, variant, us, unit_value, unit, same, note=""):
         f"  same={same} {note}")
 
 
+def _record_gbps(ctx, part, case, variant, t, bytes_moved, same, slots) -> None:
+    """``_record`` of a bandwidth row: ``bytes_moved`` over the ``Timing`` ``t``, rated
+    against the copy ceiling."""
+    gbps = bytes_moved / (t.us * 1e-6) / 1e9
+    _record(part, case, variant, t.us, gbps, "GB/s", same,
+            f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     """``NAME:KEY=VALUE,...`` -> ``(NAME, {KEY: VALUE})``; values as
     ``profile_case.knob_value`` reads them (true / false -> bool, integers -> int)."""
@@ -107,10 +116,9 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def print_table() -> None:
     """Every recorded row (``_record``) as one Markdown table."""
-    print("\n| part | case | variant | us | rate | same as base | note |")
-    print("|---|---|---|---|---|---|---|")
-    for part, case, variant, us, val, unit, same, note in ROWS:
-        print(f"| {part} | {case} | {variant} | {us:.2f} | {val:.1f} {unit} | {same} | {note} |")
+    print_markdown(["part", "case", "variant", "us", "rate", "same as base", "note"],
+                   [[part, case, variant, f"{us:.2f}", f"{val:.1f} {unit}", str(same), note]
+                    for part, case, variant, us, val, unit, same, note in ROWS])
 
 
 def _attempt(ctx, label: str, fn) -> bool:
@@ -122,6 +130,13 @@ def _attempt(ctx, label: str, fn) -> bool:
         traceback.print_exc()
         ctx.check_cuda()
     return not ctx.cuda_broken
+
+
+def _attempt_all(ctx, label: str, run, variants: dict) -> bool:
+    """``_attempt`` of ``run(name, kw)`` for each variant in turn, labelled ``label name``;
+    stops (False) once the CUDA context is broken."""
+    return all(_attempt(ctx, f"{label} {name}", functools.partial(run, name, kw))
+               for name, kw in variants.items())
 
 
 def make_context(budget_s: float = 3600.0):
@@ -196,8 +211,7 @@ def _prefill_case(ctx, case, variants: dict) -> bool:
         _record("prefill", case.name, name, t.us, tflops, "TFLOP/s", f"{same:.4f}",
                 f"{tflops / ctx.matmul_tflops:.1%} of fp8 mm")
 
-    return all(_attempt(ctx, f"prefill {case.name} {name}", functools.partial(run, name, kw))
-               for name, kw in variants.items())
+    return _attempt_all(ctx, f"prefill {case.name}", run, variants)
 
 
 # -------------------------------------------------------------------------------- gather
@@ -245,12 +259,9 @@ def _gather_case(ctx, case, variants: dict) -> bool:
         t = ctx.time_capturable([functools.partial(
             tg.gather_into, ctx.pool.cache, tables[i], seq, offsets, wss[i],
             max_pages, config=cfg) for i in range(slots)])
-        gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
-        _record("gather", case.name, name, t.us, gbps, "GB/s", same,
-                f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+        _record_gbps(ctx, "gather", case.name, name, t, tr.bytes_moved, same, slots)
 
-    return all(_attempt(ctx, f"gather {case.name} {name}", functools.partial(run, name, kw))
-               for name, kw in variants.items())
+    return _attempt_all(ctx, f"gather {case.name}", run, variants)
 
 
 # -------------------------------------------------------------------------------- insert
@@ -260,11 +271,8 @@ def insert_part(ctx, variants: dict) -> None:
 
     from .. import workloads as wl
     from ..insert_suite import insert_inputs
-    from ..timing import rotation_slots
     case = wl.InsertCase()
-    tr = wl.insert_traffic(case)
-    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
-    pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
+    tr, slots, pool, weight, cos_sin, inputs = insert_inputs(ctx, case)
     base = {}
     start = pool.cache.clone()
 
@@ -280,17 +288,13 @@ def insert_part(ctx, variants: dict) -> None:
             ti.insert_index_k, pool.cache, *x, weight, cos_sin, case.rotary_dim, 1e-6,
             config=cfg)
             for x in inputs])
-        gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
-        _record("insert", case.name, name, t.us, gbps, "GB/s", same,
-                f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+        _record_gbps(ctx, "insert", case.name, name, t, tr.bytes_moved, same, slots)
 
-    for name, kw in variants.items():
-        if not _attempt(ctx, f"insert {name}", functools.partial(run, name, kw)):
-            return
+    _attempt_all(ctx, "insert", run, variants)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--part", choices=("all", "prefill", "gather", "insert"), default="all")
     ap.add_argument("--all-cases", action="store_true",
                     help="prefill: every WORKLOADS.md prefill case, not the five default ones")
@@ -299,10 +303,7 @@ def main(argv=None) -> int:
                     metavar="NAME:KEY=VALUE,...",
                     help="an extra variant of the part's launcher, e.g. 'm64:block_m=64' or "
                          "'tb32:tok_block=32,page_parts=1,num_warps=4' (repeatable)")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("knob_lab: needs a CUDA GPU")
-        return 2
+    args = gpu_args(ap, argv, "knob_lab")
     from ..timing import environment
     env = environment(torch.device("cuda"))
     log(f"{env.get('gpu')} driver {env.get('driver')} torch {env.get('torch')} "

@@ -23,7 +23,6 @@ kernel's (4 arguments, 3 tensors).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ import triton.language as tl
 from triton import knobs
 
 from nvfp4_indexer.triton import launcher as current
+from .cli import lab_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "5dc0100"  # the launcher before the typed key
@@ -152,7 +152,7 @@ def measure(mod, kernel, grid, args, number: int, repeat: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--against", default=BEFORE, help="git revision to compare with ('' none)")
     ap.add_argument("--number", type=int, default=20000, help="calls per timing")
     ap.add_argument("--repeat", type=int, default=15, help="timings (the median is printed)")

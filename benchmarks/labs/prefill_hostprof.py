@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from .cli import gpu_args, lab_parser
+
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
     """``NEW:CONTEXT:REQUESTS,...`` -> a list of int triples (argparse type)."""
@@ -90,14 +92,11 @@ def profile_case(dev, new: int, context: int, reqs: int, calls: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--cases", type=parse_cases, default=[(1024, 0, 1), (1024, 131072, 1)],
                     help="NEW:CONTEXT:REQUESTS,... (default 1024:0:1,1024:131072:1)")
     ap.add_argument("--calls", type=int, default=50, help="host-time samples (default 50)")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("prefill_hostprof: needs a CUDA GPU", flush=True)
-        return 2
+    args = gpu_args(ap, argv, "prefill_hostprof")
     dev = torch.device("cuda", torch.cuda.current_device())
     for new, context, reqs in args.cases:
         profile_case(dev, new, context, reqs, args.calls)

@@ -26,11 +26,12 @@ without a CUDA GPU (bad arguments: a usage error, status 2). ``key=value`` value
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
 import torch
+
+from .cli import lab_parser, require_gpu
 
 
 def knob_value(text: str):
@@ -140,7 +141,7 @@ def run_gather(new: int, context: int, reqs: int, kw: dict, calls: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("part", choices=("decode", "prefill", "gather"))
     ap.add_argument("sizes", nargs="+", help="decode: BATCH NOMINAL; prefill / gather: NEW "
                     "CONTEXT REQUESTS; then key=value tuning keywords")
@@ -156,9 +157,7 @@ def main(argv=None) -> int:
             args.part != "decode" and nums[2] < 1):
         ap.error(f"{args.part}: batch / new tokens / requests and the decode length must be "
                  f">= 1, got {nums}")
-    if not torch.cuda.is_available():
-        print("profile_case: needs a CUDA GPU", flush=True)
-        return 2
+    require_gpu("profile_case")
     if args.part == "decode":
         msg = run_decode(*nums, kw, args.calls)
     elif args.part == "prefill":

@@ -27,7 +27,6 @@ replays over rotated slots, cold pages from one pool far larger than L2) and rat
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 import torch
@@ -36,8 +35,10 @@ import triton.language as tl
 
 from nvfp4_indexer.triton.prefill.gather import _load_tile
 from nvfp4_indexer.triton.layout import PAGE, WS_PAGE, num_history_pages
+from nvfp4_indexer.triton.quantize import paged_token_bases
 
 from . import knob_lab as kl
+from .cli import gpu_args, lab_parser
 
 
 @triton.jit
@@ -79,6 +80,16 @@ def _flat_copy_kernel(src, dst, PARTS: tl.constexpr):
 
 
 @triton.jit
+def _store_token_bytes(ok, codes_at, scales_at, v):
+    """Stores 64 code bytes and 8 scale bytes per token derived from ``v [BT]`` at the
+    pointers ``quantize.paged_token_bases`` gives (rows where ``ok`` is false skipped)."""
+    c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
+    tl.store(codes_at[:, None] + tl.arange(0, 64)[None, :], c, mask=ok[:, None])
+    sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
+    tl.store(scales_at[:, None] + tl.arange(0, 8)[None, :], sc, mask=ok[:, None])
+
+
+@triton.jit
 def _insert_sol_kernel(x_ptr, pos_ptr, cs_ptr, cache_ptr, slot_ptr, n, page_stride,
                        BT: tl.constexpr, LOADS: tl.constexpr):
     """Per token some of the insert's loads and its 72 stored bytes, no per-value work.
@@ -98,17 +109,20 @@ def _insert_sol_kernel(x_ptr, pos_ptr, cs_ptr, cache_ptr, slot_ptr, n, page_stri
                      other=0.0).to(tl.float32)
         v += tl.sum(cs, 1).to(tl.int32, bitcast=True)
     if LOADS >= 0:
-        slot = tl.load(slot_ptr + t, mask=ok, other=-1).to(tl.int64)
-        good = ok & (slot >= 0)
-        slot = tl.where(good, slot, 0)
-        page = (slot // 128) * page_stride
-        off = slot % 128
-        c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
-        tl.store(cache_ptr + (page + off * 64)[:, None] + tl.arange(0, 64)[None, :], c,
-                 mask=good[:, None])
-        sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
-        tl.store(cache_ptr + (page + 8192 + off * 8)[:, None] + tl.arange(0, 8)[None, :], sc,
-                 mask=good[:, None])
+        good, codes_at, scales_at = paged_token_bases(cache_ptr, slot_ptr, page_stride, t, ok)
+        _store_token_bytes(good, codes_at, scales_at, v)
+
+
+@triton.jit
+def _token_block_loads(x_ptr, pos_ptr, cache_ptr, slot_ptr, n, page_stride, t):
+    """Tokens ``t [BT]``'s loads: ``(t < n, keys [BT, 128], positions, then
+    ``quantize.paged_token_bases``' ok, code and scale pointers)``."""
+    ok = t < n
+    x = tl.load(x_ptr + t[:, None].to(tl.int64) * 128 + tl.arange(0, 128)[None, :],
+                mask=ok[:, None], other=0.0)
+    pos = tl.load(pos_ptr + t, mask=ok, other=0)
+    good, codes_at, scales_at = paged_token_bases(cache_ptr, slot_ptr, page_stride, t, ok)
+    return ok, x, pos, good, codes_at, scales_at
 
 
 @triton.jit
@@ -120,33 +134,20 @@ def _insert_sol_persistent_kernel(x_ptr, pos_ptr, cs_ptr, cache_ptr, slot_ptr, n
     and stores (the position is a block ahead: no dependent round trip in the loop)."""
     nprog = tl.num_programs(0)
     t = tl.program_id(0) * BT + tl.arange(0, BT)
-    d = tl.arange(0, 128)[None, :]
-    ok = t < n
-    x = tl.load(x_ptr + t[:, None].to(tl.int64) * 128 + d, mask=ok[:, None], other=0.0)
-    pos = tl.load(pos_ptr + t, mask=ok, other=0)
-    slot = tl.load(slot_ptr + t, mask=ok, other=-1).to(tl.int64)
+    ok, x, pos, good, codes_at, scales_at = _token_block_loads(
+        x_ptr, pos_ptr, cache_ptr, slot_ptr, n, page_stride, t)
     for _ in range(iters):
         tn = t + nprog * BT
-        okn = tn < n
-        xn = tl.load(x_ptr + tn[:, None].to(tl.int64) * 128 + d, mask=okn[:, None], other=0.0)
-        posn = tl.load(pos_ptr + tn, mask=okn, other=0)
-        slotn = tl.load(slot_ptr + tn, mask=okn, other=-1).to(tl.int64)
+        okn, xn, posn, goodn, codesn, scalesn = _token_block_loads(
+            x_ptr, pos_ptr, cache_ptr, slot_ptr, n, page_stride, tn)
         v = tl.sum(x.to(tl.float32), 1).to(tl.int32, bitcast=True)
         if not KEYS_ONLY:
             cs = tl.load(cs_ptr + pos[:, None] * 64 + tl.arange(0, 64)[None, :],
                          mask=ok[:, None], other=0.0).to(tl.float32)
             v += tl.sum(cs, 1).to(tl.int32, bitcast=True)
-        good = ok & (slot >= 0)
-        sl = tl.where(good, slot, 0)
-        page = (sl // 128) * page_stride
-        off = sl % 128
-        c = (v[:, None] + tl.arange(0, 64)[None, :]).to(tl.uint8)
-        tl.store(cache_ptr + (page + off * 64)[:, None] + tl.arange(0, 64)[None, :], c,
-                 mask=good[:, None])
-        sc = (v[:, None] + tl.arange(0, 8)[None, :]).to(tl.uint8)
-        tl.store(cache_ptr + (page + 8192 + off * 8)[:, None] + tl.arange(0, 8)[None, :], sc,
-                 mask=good[:, None])
-        t, ok, x, pos, slot = tn, okn, xn, posn, slotn
+        _store_token_bytes(good, codes_at, scales_at, v)
+        t, ok, x, pos = tn, okn, xn, posn
+        good, codes_at, scales_at = goodn, codesn, scalesn
 
 
 GATHER_CASES = [(1_024, 32_768, 4), (4_096, 131_072, 1), (16_384, 32_768, 4),
@@ -166,10 +167,8 @@ def gather_part(ctx) -> None:
                for _ in range(slots)]
 
         def rec(name, fns):
-            t = ctx.time_capturable(fns)
-            gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
-            kl._record("gather", case.name, name, t.us, gbps, "GB/s", "-",
-                       f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+            kl._record_gbps(ctx, "gather", case.name, name, ctx.time_capturable(fns),
+                            tr.bytes_moved, "-", slots)
 
         for name, cfg in (("gather", None), ("gather pages1", GatherConfig(pages_per_program=1))):
             kl._attempt(ctx, name, lambda name=name, cfg=cfg: rec(name, [functools.partial(
@@ -209,19 +208,14 @@ def insert_part(ctx) -> None:
 
     from .. import workloads as wl
     from ..insert_suite import insert_inputs
-    from ..timing import rotation_slots
     case = wl.InsertCase()
-    tr = wl.insert_traffic(case)
-    slots = rotation_slots(tr.bytes_moved, ctx.l2_bytes, ctx.graph_calls)
-    pool, weight, cos_sin, inputs = insert_inputs(ctx, case, slots)
+    tr, slots, pool, weight, cos_sin, inputs = insert_inputs(ctx, case)
     n = case.tokens
     assert case.rotary_dim == 64 and cos_sin.is_contiguous() and cos_sin.shape[1] == 64
 
     def rec(name, fns):
-        t = ctx.time_capturable(fns)
-        gbps = tr.bytes_moved / (t.us * 1e-6) / 1e9
-        kl._record("insert", case.name, name, t.us, gbps, "GB/s", "-",
-                   f"{gbps / ctx.copy_gbps:.1%} of copy, slots {slots}, {t.method}")
+        kl._record_gbps(ctx, "insert", case.name, name, ctx.time_capturable(fns),
+                        tr.bytes_moved, "-", slots)
 
     # the same keys and slots with each slot's positions one contiguous run (a prefill chunk)
     gen = torch.Generator().manual_seed(ctx.seed + 29)
@@ -269,9 +263,9 @@ def insert_part(ctx) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = lab_parser(__doc__)
     ap.add_argument("--part", choices=("all", "gather", "insert"), default="all")
-    args = ap.parse_args(argv)
+    args = gpu_args(ap, argv, "sol_lab")
     ctx = kl.make_context(600)
     kl.ensure_pool(ctx, 40_000)
     if args.part in ("all", "gather"):
