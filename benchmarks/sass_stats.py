@@ -87,6 +87,15 @@ GATHER_TYPES = dict(cache_ptr="*u8", page_stride="i32", bt_ptr="*i32", bt_row_st
 INSERT_TYPES = dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32", pos_ptr="*i64",
                     w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
                     eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32")
+SCORES_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", cache_ptr="*u8",
+                    page_stride="i32", bt_ptr="*i32", bt_stride="i32", qsl_ptr="*i32",
+                    seq_lens_ptr="*i32", blk_ptr="*i32", num_blocks="i32", out_ptr="*fp32",
+                    width="i32", cache_blocks="i32")
+QUANT_TYPES = dict(x_ptr="*fp32", x_row_stride="i32", n_rows="i32", codes_ptr="*u8",
+                   scales_ptr="*u8", slot_ptr="*i64", page_stride="i32")
+QUERY_TYPES = dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32", num_heads="i32",
+                   n_rows="i32", pos_ptr="*i64", w_ptr="*bf16", cs_ptr="*fp32",
+                   cs_stride0="i32", cs_stride1="i32", eps="fp32", out_ptr="*u8")
 
 
 def compile_gather(*, dequant="ptx", tok_block=16, page_parts=8, num_warps=1, streaming=True,

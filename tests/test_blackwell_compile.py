@@ -27,24 +27,13 @@ os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from benchmarks.sass_stats import DECODE_TYPES, GATHER_TYPES, INSERT_TYPES, PREFILL_TYPES
+from benchmarks.sass_stats import (DECODE_TYPES, GATHER_TYPES, INSERT_TYPES, MERGE_TYPES,
+                                   PMERGE_TYPES, PREFILL_TYPES, QUANT_TYPES, QUERY_TYPES,
+                                   SCORES_TYPES)
 from nvfp4_indexer.triton import (decode, dequantize, encode, heuristics, insert, query,
                                   quantize, scores)
 from nvfp4_indexer.triton.prefill import dispatch as prefill_dispatch
 from nvfp4_indexer.triton.prefill import gather, prefill
-
-MERGE_TYPES = dict(cand_ptr="*i64", seq_lens_ptr="*i32", out_ptr="*i32", width="i32")
-PMERGE_TYPES = dict(cand_ptr="*i64", qsl_ptr="*i32", seq_lens_ptr="*i32", caps_ptr="*i32",
-                    blk_ptr="*i32", num_blocks="i32", out_ptr="*i32")
-SCORES_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", cache_ptr="*u8",
-                    page_stride="i32", bt_ptr="*i32", bt_stride="i32", qsl_ptr="*i32",
-                    seq_lens_ptr="*i32", blk_ptr="*i32", num_blocks="i32", out_ptr="*fp32",
-                    width="i32", cache_blocks="i32")
-QUANT_TYPES = dict(x_ptr="*fp32", x_row_stride="i32", n_rows="i32", codes_ptr="*u8",
-                   scales_ptr="*u8", slot_ptr="*i64", page_stride="i32")
-QUERY_TYPES = dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32", num_heads="i32",
-                   n_rows="i32", pos_ptr="*i64", w_ptr="*bf16", cs_ptr="*fp32",
-                   cs_stride0="i32", cs_stride1="i32", eps="fp32", out_ptr="*u8")
 
 
 def dec(q, h, ns, window, keep):

@@ -534,29 +534,19 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from nvfp4_indexer.triton import encode, quantize, dequantize, insert, query
+from benchmarks.sass_stats import INSERT_TYPES, QUANT_TYPES, QUERY_TYPES
 
 cases = []
 for P in (True, False):
     cases += [
         (encode._encode_e4m3_kernel, dict(x_ptr="*bf16", out_ptr="*u8", n="i32"),
          dict(PORTABLE=P, BLOCK=1024)),
-        (quantize._quantize_nvfp4_kernel, dict(x_ptr="*fp32", x_row_stride="i32", n_rows="i32",
-         codes_ptr="*u8", scales_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
-         dict(PAGED=True, PORTABLE=P, BLOCK_T=8)),
+        (quantize._quantize_nvfp4_kernel, QUANT_TYPES, dict(PAGED=True, PORTABLE=P, BLOCK_T=8)),
         (dequantize._dequantize_nvfp4_kernel, dict(codes_ptr="*u8", scales_ptr="*u8",
          out_ptr="*u8", n_rows="i32"), dict(PORTABLE=P, OUT_F32=False, BLOCK_T=16)),
-        (insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32", n_rows="i32",
-         pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32", cs_stride1="i32",
-         eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
-         dict(ROT=64, PORTABLE=P, BLOCK_T=8)),
-        *[(insert._insert_index_k_kernel, dict(x_ptr="*bf16", x_row_stride="i32",
-           n_rows="i32", pos_ptr="*i64", w_ptr="*fp32", cs_ptr="*bf16", cs_stride0="i32",
-           cs_stride1="i32", eps="fp32", cache_ptr="*u8", slot_ptr="*i64", page_stride="i32"),
-           dict(ROT=rot, PORTABLE=P, BLOCK_T=bt)) for rot, bt in ((128, 4), (96, 4))],
-        (query._prepare_index_q_kernel, dict(q_ptr="*bf16", q_stride_t="i32", q_stride_h="i32",
-         num_heads="i32", n_rows="i32", pos_ptr="*i64", w_ptr="*bf16", cs_ptr="*fp32",
-         cs_stride0="i32", cs_stride1="i32", eps="fp32", out_ptr="*u8"),
-         dict(ROT=64, PORTABLE=P, BLOCK_R=4)),
+        *[(insert._insert_index_k_kernel, INSERT_TYPES, dict(ROT=rot, PORTABLE=P, BLOCK_T=bt))
+          for rot, bt in ((64, 8), (128, 4), (96, 4))],
+        (query._prepare_index_q_kernel, QUERY_TYPES, dict(ROT=64, PORTABLE=P, BLOCK_R=4)),
     ]
 for fn, types, consts in cases:
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
