@@ -22,7 +22,7 @@ from .config import InsertConfig, check_config
 from .numerics import gemma_rstd, norm_pow2_scale, nvfp4_quantize_halves_fused, nvfp4_quantize_pairs_fused, rope_combine, rope_freq, rope_partner
 from ..validation import check_eps
 from .device import launch_rows
-from .quantize import _rows_view, paged_token_bases, pair_dims, store_nvfp4_tokens
+from .quantize import _written_rows, paged_token_bases, pair_dims, store_nvfp4_tokens
 
 
 @triton.jit
@@ -202,10 +202,10 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     cfg = check_config("config", config, InsertConfig)
     eps = check_eps(eps)
     rotary_dim = int(rotary_dim)
-    t = k.shape[0]
-    if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
+    k2 = _written_rows(k, cache)
+    if k2 is None:
         return
-    k2 = _rows_view(k)
+    t = k2.shape[0]
     bt, nw = hz.insert_launch_shape(rotary_dim, t, cfg.block_t, cfg.num_warps)
     launch_rows(_insert_index_k_kernel, k.device, portable, t, bt,
                 k2, k2.stride(0), t, positions.contiguous(), k_norm_weight.contiguous(),

@@ -82,6 +82,13 @@ def _quantize_nvfp4_kernel(x_ptr, x_row_stride, n_rows, codes_ptr, scales_ptr, s
                        PAGED)
 
 
+def _written_rows(k: torch.Tensor, cache: torch.Tensor) -> torch.Tensor | None:
+    """Keys ``k [T, 128]`` of a paged write as unit-stride rows (``_rows_view``), or None when
+    nothing is written: no token, or a cache without blocks (every slot is then negative;
+    the API validates that)."""
+    return None if k.shape[0] == 0 or cache.shape[0] == 0 else _rows_view(k)
+
+
 def _rows_view(x: torch.Tensor) -> torch.Tensor:
     """``x [..., 128]`` as ``[N, 128]`` with unit stride in the last dim (copies if needed)."""
     x2 = x.reshape(-1, HEAD_DIM)
@@ -126,11 +133,10 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
     duplicates). Writes exactly 72 bytes per written token; page padding is never touched.
     """
     assert SCALES_OFFSET == 8192 and PAGE_SIZE == 128  # baked into store_nvfp4_tokens
-    t = k.shape[0]
-    if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
-        return
-    k2 = _rows_view(k)
-    bt = rows_per_program(t)
-    launch_rows(_quantize_nvfp4_kernel, k.device, portable, t, bt,
-                k2, k2.stride(0), t, cache, cache, slot_mapping.contiguous(), cache.stride(0),
-                PAGED=True, BLOCK_T=bt)
+    k2 = _written_rows(k, cache)
+    if k2 is not None:
+        t = k2.shape[0]
+        bt = rows_per_program(t)
+        launch_rows(_quantize_nvfp4_kernel, k.device, portable, t, bt, k2, k2.stride(0), t,
+                    cache, cache, slot_mapping.contiguous(), cache.stride(0),
+                    PAGED=True, BLOCK_T=bt)
