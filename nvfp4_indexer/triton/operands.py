@@ -64,7 +64,8 @@ def _q_dims_t(q_ptr, row_off, row_mask, STEP: tl.constexpr, N: tl.constexpr, K: 
     """``DOT`` operand ``[N, BLOCK_M]``: dims ``STEP * d + K`` (d < N) of the E4M3 rows at byte
     offsets ``row_off [BLOCK_M]`` of ``q_ptr``, transposed; masked rows load zeros."""
     d = tl.arange(0, N)[:, None]
-    qb = tl.load(q_ptr + row_off[None, :] + STEP * d + K, mask=row_mask[None, :], other=0)
+    base = q_ptr + row_off[None, :] + STEP * d
+    qb = tl.load(base + K, mask=row_mask[None, :], other=0)
     return e4m3_operand(qb, DOT)
 
 
