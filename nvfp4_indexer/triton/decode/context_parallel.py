@@ -37,7 +37,7 @@ from ..layout import local_page
 from ..scan import clamped_seq_len, decode_rows, out_offsets
 from ..topk import EMPTY, load_candidates, write_selection
 from .dispatch import MAX_ROWS, SEND_KEEP, plan_context_parallel
-from .runner import warmup_inputs
+from .runner import warmup_default, warmup_inputs
 from .split_kernel import decode_score_kernel
 
 
@@ -151,9 +151,7 @@ class ContextParallelRunner:
         self.scratch = torch.empty(plan.cand_elems, dtype=torch.int64, device=self.device)
         self.win = torch.empty(max(plan.win_elems, 1), dtype=torch.float32,
                                device=self.device)
-        if warmup is None:
-            warmup = self.device.type == "cuda"
-        if warmup:
+        if warmup_default(warmup, self.device):
             self._warmup()
 
     @property

@@ -75,6 +75,12 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
                     validate=False).scratch_elems
 
 
+def warmup_default(warmup: bool | None, device: torch.device) -> bool:
+    """Whether a runner warms up: ``warmup``, or None = on CUDA (compiles every kernel it
+    launches and syncs, so that CUDA-graph capture never compiles)."""
+    return device.type == "cuda" if warmup is None else bool(warmup)
+
+
 def warmup_inputs(num_reqs: int, query_len: int, q_heads: int, out_heads: int, width: int,
                   device: torch.device) -> tuple[torch.Tensor, ...]:
     """Inputs of a warm-up launch (every request empty): ``(index_q, cache, block_table,
@@ -140,9 +146,7 @@ class DecodeRunner:
         self.scratch, self.win = self._scratch_view(score_buffer, plan.cand_elems,
                                                     plan.win_elems)
         self._prepare_launches()
-        if warmup is None:
-            warmup = self.device.type == "cuda"
-        if warmup:
+        if warmup_default(warmup, self.device):
             self._warmup()
 
     def _prepare_launches(self) -> None:

@@ -51,6 +51,13 @@ def _row_start(scores_ptr, seq_lens_ptr, width, Q: tl.constexpr, H: tl.constexpr
     return b, i, h, local, row_scores, slot, res
 
 
+@triton.jit
+def _store_row(out_ptr, b, i, h, slot, res, Q: tl.constexpr, H: tl.constexpr):
+    """Slots ``slot`` of ``res`` into row i*H + h of request b of ``out [B*Q, H, 16]``."""
+    row = (b * Q + i).to(tl.int64)
+    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+
+
 @triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
 def select_classes_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
                           H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr,
@@ -79,8 +86,7 @@ def select_classes_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.conste
                 nxt = tl.maximum(nxt, _class_max(row_scores, g, local, best, r0, GROUP))
             cmax = tl.where(slot == g, nxt, cmax)
         res = tl.where(slot == HISTORY, local, res)
-    row = (b * Q + i).to(tl.int64)
-    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+    _store_row(out_ptr, b, i, h, slot, res, Q, H)
 
 
 @triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
@@ -99,5 +105,4 @@ def select_wide_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr
             res = tl.where(slot == k, candidate_id(best), res)
             keys = tl.where(keys == best, EMPTY, keys)
         res = tl.where(slot == HISTORY, local, res)
-    row = (b * Q + i).to(tl.int64)
-    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+    _store_row(out_ptr, b, i, h, slot, res, Q, H)
