@@ -24,6 +24,24 @@ _CONSTRAINTS = gl.constexpr(LUT_CONSTRAINTS)
 _SPLIT_ASM = gl.constexpr("mov.b32 $0, $1;")  # f16x2 word -> its two halves
 
 
+def chunk_layouts(warps: int) -> tuple:
+    """Host side: ``(CL, SCL)`` of a code chunk on ``warps`` warps (1, 2 or 4), warp w on
+    tokens 16w .. 16w + 15: the code / scale read layout ``[16 * warps, 4, 2]`` whose lane
+    bases are those of the m16n8k16 A fragment (element (m, j, g'): group 2j + g' of token m;
+    lanes: j, then m mod 8; registers: g', m // 8) and the cp.async layout of the scale bytes
+    ``[16 * warps, 8]`` (4 bytes per lane)."""
+    rows = [16 << k for k in range(warps.bit_length() - 1)]
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[r, 0, 0] for r in rows], block_bases=[], shape=[16 * warps, 4, 2])
+    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
+                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+                                     warp_bases=[[r, 0] for r in rows], block_bases=[],
+                                     shape=[16 * warps, 8])
+    return cl, scl
+
+
 def phys_dim(c: int) -> int:
     """Physical dim of the A tile's column c (module doc): with c = 64g' + 32pl + 16ph + 8w +
     2j + e, dim 32j + 16g' + 8w + pl + 4ph + 2e (group 2j + g', word w, nibble
