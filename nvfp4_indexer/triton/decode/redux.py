@@ -72,14 +72,26 @@ def _warp_min(x):
 def _row_setup(seq_lens_ptr, width, Q: gl.constexpr, H: gl.constexpr, K: gl.constexpr,
                ROWS: gl.constexpr):
     """Program (b, y)'s rows m = y*ROWS .. (one per warp, ``[ROWS, 32, K]`` tiles: K columns
-    per lane): ``(b, m, row mask, local pages L [ROWS], L [ROWS, 1], slot = lane [1, 32],
-    the short-row output (L <= 15, padding rows: L = 0; SPEC 5) [ROWS, 32], lanes [32], k
-    [K])``; seq_len clamped to ``[0, W * 128]`` (SPEC 10)."""
+    per lane): ``(b, m, row mask, local pages L [ROWS, 1], slot = lane [1, 32], the short-row
+    output (L <= 15, padding rows: L = 0; SPEC 5) [ROWS, 32], lanes [32], k [K], whether some
+    row has L > 15)``; seq_len clamped to ``[0, W * 128]`` (SPEC 10)."""
     L3: gl.constexpr = gl.BlockedLayout([1, 1, K], [1, 32, 1], [ROWS, 1, 1], [2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)  # [ROWS, 32]: one element per thread
     b, m, row_ok, _, local, loc2, slot, res, lane = _rows(seq_lens_ptr, width, Q, H, ROWS, L2)
     kk = gl.arange(0, K, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    return b, m, row_ok, local, loc2, slot, res, lane, kk
+    return b, m, row_ok, loc2, slot, res, lane, kk, _any_long(row_ok, local)
+
+
+@gluon.jit
+def _columns(lane, kk, K: gl.constexpr):
+    """Columns lane * K + k ``[1, 32, K]`` of ``_row_setup``'s lanes and per-lane indices."""
+    return gl.expand_dims(gl.expand_dims(lane, 0), 2) * K + gl.expand_dims(gl.expand_dims(kk, 0), 1)
+
+
+@gluon.jit
+def _any_long(row_ok, local):
+    """Whether some row of the program has L > 15 (then the rounds run)."""
+    return gl.max(gl.where(row_ok, local, 0), 0) > HISTORY
 
 
 @gluon.jit
@@ -98,12 +110,6 @@ def _rows(seq_lens_ptr, width, Q: gl.constexpr, H: gl.constexpr, ROWS: gl.conste
     slot = gl.expand_dims(lane, 0)
     return (b, m, m < Q * H, seq_len, local, loc2, slot, gl.where(slot <= loc2, slot, -1),
             lane)
-
-
-@gluon.jit
-def _columns(lane, kk, K: gl.constexpr):
-    """Columns lane * K + k ``[1, 32, K]`` of ``_row_setup``'s lanes and per-lane indices."""
-    return gl.expand_dims(gl.expand_dims(lane, 0), 2) * K + gl.expand_dims(gl.expand_dims(kk, 0), 1)
 
 
 @gluon.jit
@@ -166,9 +172,8 @@ def redux_select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexp
                         ROWS: gl.constexpr):
     """Program (b, y): rows y*ROWS .. y*ROWS + ROWS - 1 of request b (module doc); ``out``
     ``int32 [B*Q, H, 16]``; ``scores`` fp32 ``[B, N, W]``; W <= 32 * K."""
-    b, m, row_ok, local, loc2, slot, res, lane, kk = _row_setup(seq_lens_ptr, width, Q, H, K,
-                                                                 ROWS)
-    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+    b, m, row_ok, loc2, slot, res, lane, kk, long = _row_setup(seq_lens_ptr, width, Q, H, K, ROWS)
+    if long:
         jj = _columns(lane, kk, K)  # [1, 32, K]: page ids / candidate columns
         loc3 = gl.expand_dims(loc2, 2)
         ok = (jj < loc3) & gl.expand_dims(gl.expand_dims(row_ok, 1), 2)
@@ -194,9 +199,8 @@ def redux_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: gl.constexpr,
     INT32_MIN, below every real candidate, NaN pages included). Page ids in one row's
     candidates are distinct (splits partition the pages), so a taken candidate is removed by
     setting it to ``EMPTY``; a row with L >= 16 has at least 15 real candidates."""
-    b, m, row_ok, local, loc2, slot, res, lane, kk = _row_setup(seq_lens_ptr, width, Q, H, K,
-                                                                 ROWS)
-    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+    b, m, row_ok, loc2, slot, res, lane, kk, long = _row_setup(seq_lens_ptr, width, Q, H, K, ROWS)
+    if long:
         jj = _columns(lane, kk, K)  # [1, 32, K]: page ids / candidate columns
         ok = (jj < C) & gl.expand_dims(gl.expand_dims(row_ok, 1), 2)
         rows = gl.expand_dims(gl.expand_dims((b * BLOCK_M + m).to(gl.int64) * C, 1), 2)
@@ -238,7 +242,7 @@ def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.co
     SM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     b, m, row_ok, seq_len, local, loc2, slot, res, _ = _rows(seq_lens_ptr, width, Q, H, ROWS,
                                                              O2)
-    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+    if _any_long(row_ok, local):
         # phase 1: each warp's slice of the row
         m1 = gl.program_id(1) * ROWS + gl.arange(
             0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, P1))))
