@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..layout import PAGE, SCALES_OFFSET
 from .fragments import (chunk_layouts, dequant_half, flat_work, half_operands, load_q,
-                        request_segment)
+                        load_q_bytes, request_segment)
 from .lut import LUT_E4M3_ASM, LUT_E4M3_CONSTRAINTS
 
 _E4M3_ASM = gl.constexpr(LUT_E4M3_ASM)
@@ -90,11 +90,7 @@ def _load_q8(q_ptr, b, q_row_stride, q_head_stride, GP: gl.constexpr, Q: gl.cons
     >= Q*H are zero)."""
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, QL))
     dim = (16 * (2 * ((c >> 2) & 3) + GP) + 8 * ((c >> 5) & 1) + 4 * ((c >> 4) & 1) + (c & 3))
-    n = gl.arange(0, N, layout=gl.SliceLayout(1, QL))
-    row = (b * Q + n // H).to(gl.int64)
-    q_off = row * q_row_stride + (n % H) * q_head_stride
-    ok = gl.expand_dims(n < Q * H, 1) & gl.expand_dims(dim >= 0, 0)
-    qb = gl.load(q_ptr + gl.expand_dims(q_off, 1) + gl.expand_dims(dim, 0), mask=ok, other=0)
+    qb = load_q_bytes(q_ptr, b, q_row_stride, q_head_stride, dim, Q, H, N, QL, 0)
     return qb.to(gl.float8e4nv, bitcast=True)
 
 
