@@ -146,7 +146,7 @@ def _select_rounds(key, ids, slot, res, loc2, AXIS: gl.constexpr):
     """The 15 rounds over ``key`` / ``ids`` (a lane's entries along ``AXIS``): round k's page
     into slot k of ``res`` and out of ``key``; returns the rows' output (``_row_output``)."""
     for k in gl.static_range(HISTORY):
-        best, page = _take(key, ids, AXIS)
+        _, page = _take(key, ids, AXIS)
         res = gl.where(slot == k, page, res)
         key = gl.where(ids == gl.expand_dims(page, AXIS), _INT32_MIN, key)
     return _row_output(res, slot, loc2)
