@@ -18,15 +18,6 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
 
 __version__ = "0.1.0"  # the one place (pyproject reads it)
 
-# exported name -> submodule defining it (imported on first access)
-_LAZY = {name: ".api" for name in (
-    "DecodeIndexerWrapper", "decode_indexer", "dequantize_nvfp4", "encode_e4m3",
-    "gather_index_k_fp8", "insert_index_k", "max_gather_pages", "new_index_cache",
-    "page_scores", "prefill_indexer", "prepare_index_q", "quantize_nvfp4", "read_index_k",
-    "write_index_k")}
-_LAZY.update({name: ".engine" for name in (
-    "Indexer", "IndexerConfig", "IndexerMetadata", "StepMetadata")})
-
 __all__ = [
     "PAGE_SIZE", "HEAD_DIM", "TOPK", "PAGE_BYTES", "SPEC_VERSION", "encode_e4m3",
     "quantize_nvfp4", "dequantize_nvfp4", "new_index_cache", "write_index_k", "read_index_k",
@@ -34,6 +25,11 @@ __all__ = [
     "prefill_indexer", "DecodeIndexerWrapper", "max_gather_pages",
     "IndexerConfig", "Indexer", "StepMetadata", "IndexerMetadata",
 ]
+
+_ENGINE_NAMES = ("Indexer", "IndexerConfig", "IndexerMetadata", "StepMetadata")
+# exported name -> submodule defining it (imported on first access; the constants are eager)
+_LAZY = {name: ".engine" if name in _ENGINE_NAMES else ".api"
+         for name in __all__ if name not in globals()}
 
 
 def __getattr__(name: str):

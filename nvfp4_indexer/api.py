@@ -11,16 +11,14 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
+from . import _LAZY
 from . import validation as v
 from .constants import HEAD_DIM, PAGE_BYTES, PAGE_SIZE, TOPK
 from .reference.paging import history_pages
 
-__all__ = [
-    "PAGE_SIZE", "HEAD_DIM", "TOPK", "PAGE_BYTES", "encode_e4m3", "quantize_nvfp4",
-    "dequantize_nvfp4", "new_index_cache", "write_index_k", "read_index_k", "insert_index_k",
-    "prepare_index_q", "gather_index_k_fp8", "page_scores", "decode_indexer", "prefill_indexer",
-    "DecodeIndexerWrapper", "max_gather_pages",
-]
+# SPEC 11: the constants and every name the package resolves from this module
+__all__ = ["PAGE_SIZE", "HEAD_DIM", "TOPK", "PAGE_BYTES",
+           *(name for name, module in _LAZY.items() if module == ".api")]
 
 
 def _kernels():

@@ -84,6 +84,14 @@ def _min_max(a: np.ndarray) -> tuple[int, int]:
     return int(a[a.argmin()]), int(a[a.argmax()])
 
 
+def _make_room(cache: dict, limit: int) -> dict:
+    """``cache`` (a host-side cache of views or plans), emptied first once it holds more than
+    ``limit`` entries."""
+    if len(cache) > limit:
+        cache.clear()
+    return cache
+
+
 def _pos_int(name: str, val) -> int:
     if not v.is_int(val) or val < 1:
         v.fail(name, "a positive int", repr(val))
@@ -521,10 +529,9 @@ class _Staging:
         key = (off, pages, blk)
         got = self._views.get(key)
         if got is None:
-            if len(self._views) > 4096:
-                self._views.clear()
             d = self.dev
-            got = self._views[key] = (d[off:self.pages_at], d[pages:self.blk_at], d[blk:])
+            got = _make_room(self._views, 4096)[key] = (d[off:self.pages_at],
+                                                        d[pages:self.blk_at], d[blk:])
         return got
 
     def copy(self, hi: int) -> None:
@@ -1121,13 +1128,11 @@ class Indexer:
         key = (num_blocks, score_pages, block_m)
         got = self._templates.get(key)
         if got is None:
-            if len(self._templates) > 4096:
-                self._templates.clear()
             from .triton.prefill import plan_prefill_chunk
             plan = plan_prefill_chunk(self._settings, self.config.num_heads, num_blocks,
                                       score_pages, block_m, self._num_sms, self._score_elems)
             cand, win = self._scratch_views(plan.cand_elems, plan.win_elems)
-            got = self._templates[key] = (plan, cand, win)
+            got = _make_room(self._templates, 4096)[key] = (plan, cand, win)
         return got
 
     def _stage_row_blocks(self, dst: np.ndarray, a: int, q_lens: list, nblk: list,
@@ -1168,14 +1173,12 @@ class Indexer:
         chunk of ``q_len`` queries (cached by q_len)."""
         got = self._blocks.get(q_len)
         if got is None:
-            if len(self._blocks) > 4096:
-                self._blocks.clear()
             from .triton.prefill.dispatch import plan_row_blocks, prefill_block_m
             bm = prefill_block_m(q_len, h)
             one = np.array([q_len], dtype=np.int64)
             blocks = np.concatenate(plan_row_blocks(one, one, h, bm, pages=False)
                                     ).astype(np.int32)
-            got = self._blocks[q_len] = (bm, blocks)
+            got = _make_room(self._blocks, 4096)[q_len] = (bm, blocks)
         return got
 
     def _scratch_views(self, n_cand: int, win_elems: int):
@@ -1184,12 +1187,10 @@ class Indexer:
         key = (n_cand, win_elems)
         got = self._views.get(key)
         if got is None:
-            if len(self._views) > 256:
-                self._views.clear()
             sb = self.score_buffer
             cand = sb[:2 * max(n_cand, 1)].view(torch.int64)
             win = sb[2 * n_cand:2 * n_cand + win_elems] if win_elems else sb[:1]
-            got = self._views[key] = (cand, win)
+            got = _make_room(self._views, 256)[key] = (cand, win)
         return got
 
     # -- forward --------------------------------------------------------------------------

@@ -30,26 +30,19 @@ from pathlib import Path
 
 from nvfp4_indexer.provenance import git_state
 
-from .results import CaseResult, Failure
+from .results import CaseResult, Failure, RowCounts
 
 SCHEMA = "nvfp4-indexer-conformance-report/1"
 
 
 @dataclass
-class CheckSummary:
-    """Totals of one check over its cases."""
+class CheckSummary(RowCounts):
+    """Totals of one check over its cases (rows of the cases not skipped: ``RowCounts``)."""
 
     check: str
     cases: int = 0
     cases_failed: int = 0
     cases_skipped: int = 0
-    rows: int = 0
-    exact: int = 0
-    tolerance: int = 0
-    needed_bound: int = 0
-    failed: int = 0
-    max_gap: float | None = None
-    bound: float | None = None
     explained: int = 0
     seconds: float = 0.0
     skip_reasons: list[str] = field(default_factory=list)
@@ -86,16 +79,8 @@ def summarize(results: list[CaseResult]) -> list[CheckSummary]:
                 s.skip_reasons.append(r.skipped)
             continue
         s.cases_failed += int(not r.ok)
-        s.rows += r.rows
-        s.exact += r.exact
-        s.tolerance += r.tolerance
-        s.needed_bound += r.needed_bound
-        s.failed += r.failed
+        s.add_counts(r)
         s.explained += len(r.explained) if r.check == "insert" else 0
-        if r.max_gap is not None:
-            s.max_gap = r.max_gap if s.max_gap is None else max(s.max_gap, r.max_gap)
-        if r.bound is not None:
-            s.bound = r.bound
         s.failures.extend(r.failures)
     return list(out.values())
 

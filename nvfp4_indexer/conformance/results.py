@@ -71,20 +71,14 @@ class Failure:
                 "got": jsonable(self.got), "detail": self.detail, "case_file": self.case_file}
 
 
-@dataclass
-class CaseResult:
-    """Outcome of one case: counts of compared rows by verdict.
+@dataclass(kw_only=True)
+class RowCounts:
+    """Compared rows by verdict. ``exact``: identical to the expectation. ``tolerance``:
+    different but valid (top-k within the SPEC 9 bound, insert differences each explained by
+    SPEC 3's band). ``needed_bound``: top-k rows that are only valid because of the bound
+    (they fail with e = 0). ``max_gap``: largest normalized gap max(S[w] - S[u]) / M over rows
+    that needed the bound; ``bound``: the bound applied."""
 
-    ``exact``: identical to the expectation. ``tolerance``: different but valid (top-k within
-    the SPEC 9 bound, insert differences each explained by SPEC 3's band). ``needed_bound``:
-    top-k rows that are only valid because of the bound (they fail with e = 0).
-    ``max_gap``: largest normalized gap max(S[w] - S[u]) / M over rows that needed the bound.
-    """
-
-    check: str
-    op: str
-    case: str
-    seed: int
     rows: int = 0
     exact: int = 0
     tolerance: int = 0
@@ -92,6 +86,29 @@ class CaseResult:
     failed: int = 0
     max_gap: float | None = None
     bound: float | None = None
+
+    def add_counts(self, other: RowCounts) -> None:
+        """Add ``other``'s rows; keep the larger ``max_gap`` and ``other``'s bound if set."""
+        self.rows += other.rows
+        self.exact += other.exact
+        self.tolerance += other.tolerance
+        self.needed_bound += other.needed_bound
+        self.failed += other.failed
+        if other.max_gap is not None:
+            mine = self.max_gap
+            self.max_gap = other.max_gap if mine is None else max(mine, other.max_gap)
+        if other.bound is not None:
+            self.bound = other.bound
+
+
+@dataclass
+class CaseResult(RowCounts):
+    """Outcome of one case: counts of compared rows by verdict (``RowCounts``)."""
+
+    check: str
+    op: str
+    case: str
+    seed: int
     skipped: str | None = None
     explained: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)

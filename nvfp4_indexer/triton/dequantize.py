@@ -11,7 +11,7 @@ import triton.language as tl
 
 from ..constants import CODE_BYTES, HEAD_DIM, NUM_GROUPS
 from .numerics import e2m1_value, e4m3_decode, e4m3_encode_bits
-from .device import device_guard, interpreting, portable_default
+from .device import launch_rows, rows_per_program
 
 
 @triton.jit
@@ -73,11 +73,9 @@ def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor,
     out = torch.empty((n, HEAD_DIM), dtype=torch.float32 if out_f32 else torch.uint8,
                       device=codes.device)
     if n:
-        portable = portable_default(codes.device) if portable is None else portable
-        bt = max(1, min(64, triton.next_power_of_2(n))) if interpreting() else 16
-        with device_guard(codes.device):
-            _dequantize_nvfp4_kernel[(triton.cdiv(n, bt),)](
-                c2, s2, out, n, PORTABLE=portable, OUT_F32=out_f32, BLOCK_T=bt)
+        bt = rows_per_program(n, 16)
+        launch_rows(_dequantize_nvfp4_kernel, codes.device, portable, n, bt,
+                    c2, s2, out, n, OUT_F32=out_f32, BLOCK_T=bt)
     if not out_f32:
         out = out.view(torch.float8_e4m3fn)
     return out.reshape(*lead, HEAD_DIM)

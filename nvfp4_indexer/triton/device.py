@@ -34,6 +34,23 @@ def portable_default(device) -> bool:
     return interpreting() or torch.device(device).type != "cuda"
 
 
+def rows_per_program(n_rows: int, gpu_rows: int = 8) -> int:
+    """Rows per program of a row-tiled launch: ``gpu_rows`` on a GPU; under the interpreter
+    the next power of two of ``n_rows`` up to 64 (fewer, vectorized programs)."""
+    if interpreting():
+        return max(1, min(64, triton.next_power_of_2(max(n_rows, 1))))
+    return gpu_rows
+
+
+def launch_rows(kernel, device, portable: bool | None, n_rows: int, block: int, *args,
+                **kwargs) -> None:
+    """``kernel[(cdiv(n_rows, block),)](*args, PORTABLE=..., **kwargs)`` with ``device``
+    current; ``portable`` None passes ``portable_default(device)``."""
+    portable = portable_default(device) if portable is None else portable
+    with device_guard(device):
+        kernel[(triton.cdiv(n_rows, block),)](*args, PORTABLE=portable, **kwargs)
+
+
 _NO_GUARD = contextlib.nullcontext()  # reentrant: shared by every no-op guard
 
 

@@ -76,13 +76,7 @@ def e4m3_operand(byte, DOT: tl.constexpr):
     if DOT == "fp32":
         return e4m3_decode(byte)
     else:
-        f8 = byte.to(tl.float8e4nv, bitcast=True)
-        if DOT == "fp8":
-            return f8
-        elif DOT == "bf16":
-            return f8.to(tl.bfloat16)
-        else:
-            return f8.to(tl.float16)
+        return _widen_e4m3(byte.to(tl.float8e4nv, bitcast=True), DOT)
 
 
 @triton.jit
@@ -90,10 +84,16 @@ def e4m3_round_operand(x_f16, DOT: tl.constexpr):
     """encode_e4m3 of exact fp16 products (SPEC 1.1, 1.4) as an MMA operand of ``DOT``
     (fp16 / bf16 / fp8): one native round-to-nearest-even saturating conversion
     (``cvt.rn.satfinite``: beyond +-448 -> +-448, NaN -> 0x7F), exact widening after."""
-    k8 = x_f16.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    return _widen_e4m3(x_f16.to(tl.float8e4nv, fp_downcast_rounding="rtne"), DOT)
+
+
+@triton.jit
+def _widen_e4m3(f8, DOT: tl.constexpr):
+    """E4M3 tensor ``f8`` as an MMA operand of ``DOT`` (fp16 / bf16 / fp8): itself for "fp8",
+    else widened exactly."""
     if DOT == "fp8":
-        return k8
+        return f8
     elif DOT == "bf16":
-        return k8.to(tl.bfloat16)
+        return f8.to(tl.bfloat16)
     else:
-        return k8.to(tl.float16)
+        return f8.to(tl.float16)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .numerics import e4m3_encode_bits
-from .device import device_guard, interpreting, portable_default
+from .device import interpreting, launch_rows
 
 
 @triton.jit
@@ -33,9 +33,6 @@ def encode_e4m3(x: torch.Tensor, *, portable: bool | None = None) -> torch.Tenso
     n = flat.numel()
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     if n:
-        portable = portable_default(x.device) if portable is None else portable
         block = 16384 if interpreting() else 1024
-        with device_guard(x.device):
-            _encode_e4m3_kernel[(triton.cdiv(n, block),)](flat, out, n, PORTABLE=portable,
-                                                          BLOCK=block)
+        launch_rows(_encode_e4m3_kernel, x.device, portable, n, block, flat, out, n, BLOCK=block)
     return out.view(torch.float8_e4m3fn)

@@ -104,9 +104,8 @@ def insert_launch_shape(rotary_dim: int, n: int, block_t: int | None,
                         num_warps: int | None) -> tuple[int, int]:
     """(BLOCK_T, num_warps) of an insert launch of ``n`` tokens. ROT 64 / 128 (the fast
     path) map two threads to a token; the interpreter takes larger tiles
-    (``quantize.rows_per_program``)."""
-    from .device import interpreting
-    from .quantize import rows_per_program
+    (``device.rows_per_program``)."""
+    from .device import interpreting, rows_per_program
     fast = rotary_dim in (64, 128)
     if block_t is None:
         block_t = rows_per_program(n) if interpreting() else INSERT_BLOCK_T

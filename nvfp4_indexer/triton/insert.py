@@ -21,8 +21,8 @@ from . import heuristics as hz
 from .config import InsertConfig, check_config
 from .numerics import gemma_rstd, norm_pow2_scale, nvfp4_quantize_halves_fused, nvfp4_quantize_pairs_fused, rope_combine, rope_freq, rope_partner
 from ..validation import check_eps
-from .device import device_guard, portable_default
-from .quantize import _rows_view, paged_token_bases, pair_dims, store_nvfp4_tokens
+from .device import launch_rows
+from .quantize import _written_rows, paged_token_bases, pair_dims, store_nvfp4_tokens
 
 
 @triton.jit
@@ -202,15 +202,13 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     cfg = check_config("config", config, InsertConfig)
     eps = check_eps(eps)
     rotary_dim = int(rotary_dim)
-    t = k.shape[0]
-    if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
+    k2 = _written_rows(k, cache)
+    if k2 is None:
         return
-    k2 = _rows_view(k)
-    portable = portable_default(k.device) if portable is None else portable
+    t = k2.shape[0]
     bt, nw = hz.insert_launch_shape(rotary_dim, t, cfg.block_t, cfg.num_warps)
-    with device_guard(k.device):
-        _insert_index_k_kernel[(triton.cdiv(t, bt),)](
-            k2, k2.stride(0), t, positions.contiguous(), k_norm_weight.contiguous(),
-            cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.stride(1), eps,
-            cache, slot_mapping.contiguous(), cache.stride(0),
-            ROT=rotary_dim, PORTABLE=portable, BLOCK_T=bt, num_warps=nw)
+    launch_rows(_insert_index_k_kernel, k.device, portable, t, bt,
+                k2, k2.stride(0), t, positions.contiguous(), k_norm_weight.contiguous(),
+                cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.stride(1), eps,
+                cache, slot_mapping.contiguous(), cache.stride(0),
+                ROT=rotary_dim, BLOCK_T=bt, num_warps=nw)

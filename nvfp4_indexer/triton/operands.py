@@ -41,12 +41,9 @@ def load_q_pairs_t(q_ptr, row_off, row_mask, DOT: tl.constexpr):
     if DOT == "fp32":
         q = load_q_t(q_ptr, row_off, row_mask, DOT)
         return q, q
-    else:
-        d = tl.arange(0, CODE_BYTES)[:, None]  # dim pair d = code byte d
-        base = q_ptr + row_off[None, :] + 2 * d
-        qe = tl.load(base, mask=row_mask[None, :], other=0)
-        qo = tl.load(base + 1, mask=row_mask[None, :], other=0)
-        return e4m3_operand(qe, DOT), e4m3_operand(qo, DOT)
+    else:  # dim pair d = code byte d
+        return (_q_dims_t(q_ptr, row_off, row_mask, 2, CODE_BYTES, 0, DOT),
+                _q_dims_t(q_ptr, row_off, row_mask, 2, CODE_BYTES, 1, DOT))
 
 
 @triton.jit
@@ -54,14 +51,22 @@ def load_q_quads_t(q_ptr, row_off, row_mask):
     """Query operands of ``scoring.nvfp4_page_scores_ptx``: fp16 ``[32, BLOCK_M]`` transposed
     dims 4i, 4i + 1, 4i + 2, 4i + 3 of the E4M3 rows at byte offsets ``row_off [BLOCK_M]``
     (int64) of ``q_ptr`` (uint8); masked rows load zeros."""
-    d = tl.arange(0, CODE_PAIRS)[:, None]  # dim quad d = code pair d
-    base = q_ptr + row_off[None, :] + 4 * d
-    q0 = tl.load(base, mask=row_mask[None, :], other=0)
-    q1 = tl.load(base + 1, mask=row_mask[None, :], other=0)
-    q2 = tl.load(base + 2, mask=row_mask[None, :], other=0)
-    q3 = tl.load(base + 3, mask=row_mask[None, :], other=0)
-    return (e4m3_operand(q0, "fp16"), e4m3_operand(q1, "fp16"), e4m3_operand(q2, "fp16"),
-            e4m3_operand(q3, "fp16"))
+    # dim quad d = code pair d
+    return (_q_dims_t(q_ptr, row_off, row_mask, 4, CODE_PAIRS, 0, "fp16"),
+            _q_dims_t(q_ptr, row_off, row_mask, 4, CODE_PAIRS, 1, "fp16"),
+            _q_dims_t(q_ptr, row_off, row_mask, 4, CODE_PAIRS, 2, "fp16"),
+            _q_dims_t(q_ptr, row_off, row_mask, 4, CODE_PAIRS, 3, "fp16"))
+
+
+@triton.jit
+def _q_dims_t(q_ptr, row_off, row_mask, STEP: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+              DOT: tl.constexpr):
+    """``DOT`` operand ``[N, BLOCK_M]``: dims ``STEP * d + K`` (d < N) of the E4M3 rows at byte
+    offsets ``row_off [BLOCK_M]`` of ``q_ptr``, transposed; masked rows load zeros."""
+    d = tl.arange(0, N)[:, None]
+    base = q_ptr + row_off[None, :] + STEP * d
+    qb = tl.load(base + K, mask=row_mask[None, :], other=0)
+    return e4m3_operand(qb, DOT)
 
 
 @triton.jit

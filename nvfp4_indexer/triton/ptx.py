@@ -40,43 +40,60 @@ from .numerics import nvfp4_dequant_e4m3, nvfp4_dequant_e4m3_bits
 
 DEQUANT_MODES = ("triton", "ptx", "ptx_arith")  # decode: Triton ops or one of the asm blocks
 
+def _asm(instr: str, comment: str = "") -> str:
+    """One PTX line, its comment (if any) from column 36 (or two spaces after the operands)."""
+    return f"{instr:<34}  // {comment}" if comment else instr
+
+
+def _each_x(instr: str, *comments: str) -> list[str]:
+    """``instr`` for registers 0..3 (``{i}`` the index, ``{h}`` = i // 2), ``comments`` on the
+    first lines."""
+    return [_asm(instr.format(i=i, h=i // 2), comments[i] if i < len(comments) else "")
+            for i in range(4)]
+
+
+def _asm_block(*lines: str) -> str:
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_K14 = _asm("mov.b32 k14, 0x74007400;", "k14 = f16x2 (2^14, 2^14)")
+
+
+def _w4(in0: str) -> str:
+    return _asm(f"shl.b32 w4, {in0}, 4;", "w4 = in0 << 4: each low nibble in bits 4..7 of its byte")
+
+
+# x0..x3 holding sign-extended nibbles in bits 4..7 of each half -> their e2m1 values (f16x2)
+_E2M1_F16 = (_each_x("shl.b32 x{i}, x{i}, 5;", "x0..x3: nibble magnitude bits 4..6 -> 9..11,",
+                     "  sign copy (bit 10 of the half) -> bit 15")
+             + _each_x("and.b32 x{i}, x{i}, 0x8E008E00;",
+                       "x0..x3 = e2m1 * 2^-14 per half (sign, bits 9..11 kept)")
+             + _each_x("mul.rn.f16x2 x{i}, x{i}, k14;", "x0..x3 = e2m1 values (exact)"))
+
 # Operands: out0..out3 = $0..$3 (f16x2), in0 = $4 (4 code bytes), in1 = $5 (f16x2 scales).
 # out0 = low nibbles of b0 / b2, out1 = high nibbles of b0 / b2, out2 = low nibbles of
-# b1 / b3, out3 = high nibbles of b1 / b3 (half i = element i).
-DEQUANT_F16_CVT_PTX = tl.constexpr("""{
-.reg .b32 w4, x0, x1, x2, x3, k14;
-mov.b32 k14, 0x74007400;            // k14 = f16x2 (2^14, 2^14)
-shl.b32 w4, $4, 4;                  // w4 = in0 << 4: each low nibble in bits 4..7 of its byte
-prmt.b32 x0, w4, w4, 0xA280;        // x0 = [S(w4.b2) : w4.b2, S(w4.b0) : w4.b0]: lo(b2), lo(b0)
-prmt.b32 x1, $4, $4, 0xA280;        // x1 = [S(b2) : b2, S(b0) : b0]: hi(b2), hi(b0)
-prmt.b32 x2, w4, w4, 0xB391;        // x2 = [S(w4.b3) : w4.b3, S(w4.b1) : w4.b1]: lo(b3), lo(b1)
-prmt.b32 x3, $4, $4, 0xB391;        // x3 = [S(b3) : b3, S(b1) : b1]: hi(b3), hi(b1)
-shl.b32 x0, x0, 5;                  // x0..x3: nibble magnitude bits 4..6 -> 9..11,
-shl.b32 x1, x1, 5;                  //   sign copy (bit 10 of the half) -> bit 15
-shl.b32 x2, x2, 5;
-shl.b32 x3, x3, 5;
-and.b32 x0, x0, 0x8E008E00;         // x0..x3 = e2m1 * 2^-14 per half (sign, bits 9..11 kept)
-and.b32 x1, x1, 0x8E008E00;
-and.b32 x2, x2, 0x8E008E00;
-and.b32 x3, x3, 0x8E008E00;
-mul.rn.f16x2 x0, x0, k14;           // x0..x3 = e2m1 values (exact)
-mul.rn.f16x2 x1, x1, k14;
-mul.rn.f16x2 x2, x2, k14;
-mul.rn.f16x2 x3, x3, k14;
-mul.rn.f16x2 x0, x0, $5;            // x0..x3 = e2m1 * scale of each half's element (exact)
-mul.rn.f16x2 x1, x1, $5;
-mul.rn.f16x2 x2, x2, $5;
-mul.rn.f16x2 x3, x3, $5;
-.reg .b16 e0, e1, e2, e3;
-cvt.rn.satfinite.e4m3x2.f16x2 e0, x0;  // e0..e3 = E4M3 byte pairs: RNE, +-448 saturation,
-cvt.rn.satfinite.e4m3x2.f16x2 e1, x1;  //   NaN -> 0x7F
-cvt.rn.satfinite.e4m3x2.f16x2 e2, x2;
-cvt.rn.satfinite.e4m3x2.f16x2 e3, x3;
-cvt.rn.f16x2.e4m3x2 $0, e0;         // out0..out3 = the E4M3 values widened to fp16 (exact)
-cvt.rn.f16x2.e4m3x2 $1, e1;
-cvt.rn.f16x2.e4m3x2 $2, e2;
-cvt.rn.f16x2.e4m3x2 $3, e3;
-}""")
+# b1 / b3, out3 = high nibbles of b1 / b3 (half i = element i). Both f16 variants share these
+# steps up to the scale products.
+_F16_SCALED = [
+    ".reg .b32 w4, x0, x1, x2, x3, k14;", _K14, _w4("$4"),
+    _asm("prmt.b32 x0, w4, w4, 0xA280;", 
+         "x0 = [S(w4.b2) : w4.b2, S(w4.b0) : w4.b0]: lo(b2), lo(b0)"),
+    _asm("prmt.b32 x1, $4, $4, 0xA280;", "x1 = [S(b2) : b2, S(b0) : b0]: hi(b2), hi(b0)"),
+    _asm("prmt.b32 x2, w4, w4, 0xB391;", 
+         "x2 = [S(w4.b3) : w4.b3, S(w4.b1) : w4.b1]: lo(b3), lo(b1)"),
+    _asm("prmt.b32 x3, $4, $4, 0xB391;", "x3 = [S(b3) : b3, S(b1) : b1]: hi(b3), hi(b1)"),
+    *_E2M1_F16,
+    *_each_x("mul.rn.f16x2 x{i}, x{i}, $5;",
+             "x0..x3 = e2m1 * scale of each half's element (exact)"),
+]
+
+DEQUANT_F16_CVT_PTX = tl.constexpr(_asm_block(
+    *_F16_SCALED,
+    ".reg .b16 e0, e1, e2, e3;",
+    *_each_x("cvt.rn.satfinite.e4m3x2.f16x2 e{i}, x{i};",
+             "e0..e3 = E4M3 byte pairs: RNE, +-448 saturation,", "  NaN -> 0x7F"),
+    *_each_x("cvt.rn.f16x2.e4m3x2 ${i}, e{i};",
+             "out0..out3 = the E4M3 values widened to fp16 (exact)")))
 
 # Operands as ``DEQUANT_F16_CVT_PTX``; the same steps up to the scale products, then E4M3
 # rounding by arithmetic: a = min.NaN(|x|, 448) (saturation; NaN propagates); M = 2^(e+7)
@@ -85,66 +102,33 @@ cvt.rn.f16x2.e4m3x2 $3, e3;
 # [M, 2M), where the fp16 ulp 2^(e-3) is the E4M3 quantum, so the addition rounds a to
 # nearest-even on the E4M3 grid and the subtraction is exact; x's sign goes back on last
 # (keeps -0.0). NaN stays NaN through every step.
-DEQUANT_F16_ARITH_PTX = tl.constexpr("""{
-.reg .b32 w4, x0, x1, x2, x3, k14;
-mov.b32 k14, 0x74007400;            // k14 = f16x2 (2^14, 2^14)
-shl.b32 w4, $4, 4;                  // w4 = in0 << 4: each low nibble in bits 4..7 of its byte
-prmt.b32 x0, w4, w4, 0xA280;        // x0 = [S(w4.b2) : w4.b2, S(w4.b0) : w4.b0]: lo(b2), lo(b0)
-prmt.b32 x1, $4, $4, 0xA280;        // x1 = [S(b2) : b2, S(b0) : b0]: hi(b2), hi(b0)
-prmt.b32 x2, w4, w4, 0xB391;        // x2 = [S(w4.b3) : w4.b3, S(w4.b1) : w4.b1]: lo(b3), lo(b1)
-prmt.b32 x3, $4, $4, 0xB391;        // x3 = [S(b3) : b3, S(b1) : b1]: hi(b3), hi(b1)
-shl.b32 x0, x0, 5;                  // x0..x3: nibble magnitude bits 4..6 -> 9..11,
-shl.b32 x1, x1, 5;                  //   sign copy (bit 10 of the half) -> bit 15
-shl.b32 x2, x2, 5;
-shl.b32 x3, x3, 5;
-and.b32 x0, x0, 0x8E008E00;         // x0..x3 = e2m1 * 2^-14 per half (sign, bits 9..11 kept)
-and.b32 x1, x1, 0x8E008E00;
-and.b32 x2, x2, 0x8E008E00;
-and.b32 x3, x3, 0x8E008E00;
-mul.rn.f16x2 x0, x0, k14;           // x0..x3 = e2m1 values (exact)
-mul.rn.f16x2 x1, x1, k14;
-mul.rn.f16x2 x2, x2, k14;
-mul.rn.f16x2 x3, x3, k14;
-mul.rn.f16x2 x0, x0, $5;            // x0..x3 = e2m1 * scale of each half's element (exact)
-mul.rn.f16x2 x1, x1, $5;
-mul.rn.f16x2 x2, x2, $5;
-mul.rn.f16x2 x3, x3, $5;
-.reg .b32 k448, kmin, a0, a1, a2, a3, m0, m1, m2, m3;
-mov.b32 k448, 0x5F005F00;           // k448 = f16x2 (448, 448)
-mov.b32 kmin, 0x40004000;           // kmin = f16x2 (2, 2): the smallest M
-abs.f16x2 a0, x0;                   // a0 = |x0|
-min.NaN.f16x2 a0, a0, k448;         // a0 = min(|x0|, 448), NaN kept
-and.b32 m0, a0, 0x7C007C00;         // m0 = exponent bits of a0
-add.u32 m0, m0, 0x1C001C00;         // m0 = 2^(e + 7) (exponent + 7)
-max.u16x2 m0, m0, kmin;             // m0 = M = max(2^(e + 7), 2)
-add.rn.f16x2 a0, a0, m0;            // a0 = a + M, rounded on the E4M3 grid (RNE)
-sub.rn.f16x2 a0, a0, m0;            // a0 = the rounded magnitude (exact)
-lop3.b32 $0, a0, x0, 0x80008000, 0xD8;  // out0 = a0 with the sign bits of x0
-abs.f16x2 a1, x1;                   // a1, m1 -> out1: the same steps for x1
-min.NaN.f16x2 a1, a1, k448;
-and.b32 m1, a1, 0x7C007C00;
-add.u32 m1, m1, 0x1C001C00;
-max.u16x2 m1, m1, kmin;
-add.rn.f16x2 a1, a1, m1;
-sub.rn.f16x2 a1, a1, m1;
-lop3.b32 $1, a1, x1, 0x80008000, 0xD8;
-abs.f16x2 a2, x2;                   // a2, m2 -> out2: the same steps for x2
-min.NaN.f16x2 a2, a2, k448;
-and.b32 m2, a2, 0x7C007C00;
-add.u32 m2, m2, 0x1C001C00;
-max.u16x2 m2, m2, kmin;
-add.rn.f16x2 a2, a2, m2;
-sub.rn.f16x2 a2, a2, m2;
-lop3.b32 $2, a2, x2, 0x80008000, 0xD8;
-abs.f16x2 a3, x3;                   // a3, m3 -> out3: the same steps for x3
-min.NaN.f16x2 a3, a3, k448;
-and.b32 m3, a3, 0x7C007C00;
-add.u32 m3, m3, 0x1C001C00;
-max.u16x2 m3, m3, kmin;
-add.rn.f16x2 a3, a3, m3;
-sub.rn.f16x2 a3, a3, m3;
-lop3.b32 $3, a3, x3, 0x80008000, 0xD8;
-}""")
+_ROUND_E4M3_STEPS = (  # (instruction, its comment for x0)
+    ("abs.f16x2 a{i}, x{i};", "a0 = |x0|"),
+    ("min.NaN.f16x2 a{i}, a{i}, k448;", "a0 = min(|x0|, 448), NaN kept"),
+    ("and.b32 m{i}, a{i}, 0x7C007C00;", "m0 = exponent bits of a0"),
+    ("add.u32 m{i}, m{i}, 0x1C001C00;", "m0 = 2^(e + 7) (exponent + 7)"),
+    ("max.u16x2 m{i}, m{i}, kmin;", "m0 = M = max(2^(e + 7), 2)"),
+    ("add.rn.f16x2 a{i}, a{i}, m{i};", "a0 = a + M, rounded on the E4M3 grid (RNE)"),
+    ("sub.rn.f16x2 a{i}, a{i}, m{i};", "a0 = the rounded magnitude (exact)"),
+    ("lop3.b32 ${i}, a{i}, x{i}, 0x80008000, 0xD8;", "out0 = a0 with the sign bits of x0"),
+)
+
+
+def _round_e4m3(i: int) -> list[str]:
+    """``_ROUND_E4M3_STEPS`` for x{i} -> out{i} (x0: every step commented)."""
+    steps = [(instr.format(i=i), comment if i == 0 else "")
+             for instr, comment in _ROUND_E4M3_STEPS]
+    if i:
+        steps[0] = (steps[0][0], f"a{i}, m{i} -> out{i}: the same steps for x{i}")
+    return [_asm(instr, comment) for instr, comment in steps]
+
+
+DEQUANT_F16_ARITH_PTX = tl.constexpr(_asm_block(
+    *_F16_SCALED,
+    ".reg .b32 k448, kmin, a0, a1, a2, a3, m0, m1, m2, m3;",
+    _asm("mov.b32 k448, 0x5F005F00;", "k448 = f16x2 (448, 448)"),
+    _asm("mov.b32 kmin, 0x40004000;", "kmin = f16x2 (2, 2): the smallest M"),
+    *(line for i in range(4) for line in _round_e4m3(i))))
 
 # Operands: out0 = $0, out1 = $1 (uint32: the 4 E4M3 bytes of element 0 / 1 in dim order,
 # byte 0 = lo(b0), 1 = hi(b0), 2 = lo(b1), 3 = hi(b1) for element 0), in0 = $2 (4 code bytes),
@@ -155,46 +139,35 @@ lop3.b32 $3, a3, x3, 0x80008000, 0xD8;
 # every byte whose magnitude is 0x7F (only NaN: satfinite never yields it for a finite value)
 # gets its sign bit cleared: (byte & 0x7F) + 1 carries into bit 7 exactly then, with no carry
 # across bytes, and LOP3 0x70 computes a & ~(b & c).
-DEQUANT_E4M3_BYTES_PTX = tl.constexpr("""{
-.reg .b32 w4, x0, x1, x2, x3, k14, s0, s1, r0, r1, n0, n1;
-.reg .b16 e0, e1, e2, e3;
-mov.b32 k14, 0x74007400;            // k14 = f16x2 (2^14, 2^14)
-shl.b32 w4, $2, 4;                  // w4 = in0 << 4: each low nibble in bits 4..7 of its byte
-prmt.b32 x0, w4, $2, 0xC480;        // x0 = [S(b0) : b0, S(w4.b0) : w4.b0]: hi(b0), lo(b0)
-prmt.b32 x1, w4, $2, 0xD591;        // x1 = [S(b1) : b1, S(w4.b1) : w4.b1]: hi(b1), lo(b1)
-prmt.b32 x2, w4, $2, 0xE6A2;        // x2 = [S(b2) : b2, S(w4.b2) : w4.b2]: hi(b2), lo(b2)
-prmt.b32 x3, w4, $2, 0xF7B3;        // x3 = [S(b3) : b3, S(w4.b3) : w4.b3]: hi(b3), lo(b3)
-shl.b32 x0, x0, 5;                  // x0..x3: nibble magnitude bits 4..6 -> 9..11,
-shl.b32 x1, x1, 5;                  //   sign copy (bit 10 of the half) -> bit 15
-shl.b32 x2, x2, 5;
-shl.b32 x3, x3, 5;
-and.b32 x0, x0, 0x8E008E00;         // x0..x3 = e2m1 * 2^-14 per half (sign, bits 9..11 kept)
-and.b32 x1, x1, 0x8E008E00;
-and.b32 x2, x2, 0x8E008E00;
-and.b32 x3, x3, 0x8E008E00;
-mul.rn.f16x2 x0, x0, k14;           // x0..x3 = e2m1 values (exact)
-mul.rn.f16x2 x1, x1, k14;
-mul.rn.f16x2 x2, x2, k14;
-mul.rn.f16x2 x3, x3, k14;
-prmt.b32 s0, $3, $3, 0x1010;        // s0 = (scale 0, scale 0): element 0 (bytes b0, b1)
-prmt.b32 s1, $3, $3, 0x3232;        // s1 = (scale 1, scale 1): element 1 (bytes b2, b3)
-mul.rn.f16x2 x0, x0, s0;            // x0..x3 = e2m1 * the element's scale (exact)
-mul.rn.f16x2 x1, x1, s0;
-mul.rn.f16x2 x2, x2, s1;
-mul.rn.f16x2 x3, x3, s1;
-cvt.rn.satfinite.e4m3x2.f16x2 e0, x0;  // e0..e3 = E4M3 byte pairs [hi, lo] of b0..b3:
-cvt.rn.satfinite.e4m3x2.f16x2 e1, x1;  //   RNE, +-448 saturation, NaN -> 0x7F or 0xFF
-cvt.rn.satfinite.e4m3x2.f16x2 e2, x2;
-cvt.rn.satfinite.e4m3x2.f16x2 e3, x3;
-mov.b32 r0, {e0, e1};               // r0 = element 0's bytes [hi(b1) lo(b1) hi(b0) lo(b0)]
-mov.b32 r1, {e2, e3};               // r1 = element 1's bytes [hi(b3) lo(b3) hi(b2) lo(b2)]
-and.b32 n0, r0, 0x7F7F7F7F;         // n0, n1 = byte magnitudes
-and.b32 n1, r1, 0x7F7F7F7F;
-add.u32 n0, n0, 0x01010101;         // n0, n1: bit 7 of a byte set exactly for magnitude 0x7F
-add.u32 n1, n1, 0x01010101;
-lop3.b32 $0, r0, n0, 0x80808080, 0x70;  // out0 = r0, NaN bytes' sign cleared (-> 0x7F)
-lop3.b32 $1, r1, n1, 0x80808080, 0x70;  // out1 = r1, likewise
-}""")
+DEQUANT_E4M3_BYTES_PTX = tl.constexpr(_asm_block(
+    ".reg .b32 w4, x0, x1, x2, x3, k14, s0, s1, r0, r1, n0, n1;",
+    ".reg .b16 e0, e1, e2, e3;",
+    _K14, _w4("$2"),
+    *(_asm(f"prmt.b32 x{i}, w4, $2, 0x{12 + i:X}{4 + i}{8 + i:X}{i};",
+           f"x{i} = [S(b{i}) : b{i}, S(w4.b{i}) : w4.b{i}]: hi(b{i}), lo(b{i})")
+      for i in range(4)),
+    *_E2M1_F16,
+    _asm("prmt.b32 s0, $3, $3, 0x1010;", "s0 = (scale 0, scale 0): element 0 (bytes b0, b1)"),
+    _asm("prmt.b32 s1, $3, $3, 0x3232;", "s1 = (scale 1, scale 1): element 1 (bytes b2, b3)"),
+    *_each_x("mul.rn.f16x2 x{i}, x{i}, s{h};", "x0..x3 = e2m1 * the element's scale (exact)"),
+    *_each_x("cvt.rn.satfinite.e4m3x2.f16x2 e{i}, x{i};",
+             "e0..e3 = E4M3 byte pairs [hi, lo] of b0..b3:",
+             "  RNE, +-448 saturation, NaN -> 0x7F or 0xFF"),
+    _asm("mov.b32 r0, {e0, e1};", "r0 = element 0's bytes [hi(b1) lo(b1) hi(b0) lo(b0)]"),
+    _asm("mov.b32 r1, {e2, e3};", "r1 = element 1's bytes [hi(b3) lo(b3) hi(b2) lo(b2)]"),
+    _asm("and.b32 n0, r0, 0x7F7F7F7F;", "n0, n1 = byte magnitudes"),
+    "and.b32 n1, r1, 0x7F7F7F7F;",
+    _asm("add.u32 n0, n0, 0x01010101;", "n0, n1: bit 7 of a byte set exactly for magnitude 0x7F"),
+    "add.u32 n1, n1, 0x01010101;",
+    _asm("lop3.b32 $0, r0, n0, 0x80808080, 0x70;", "out0 = r0, NaN bytes' sign cleared (-> 0x7F)"),
+    _asm("lop3.b32 $1, r1, n1, 0x80808080, 0x70;", "out1 = r1, likewise")))
+
+@triton.jit
+def _dequant_f16_asm(code_pairs, scale_f16, ASM: tl.constexpr):
+    """The f16 dequantization asm block ``ASM`` (operands as ``DEQUANT_F16_CVT_PTX``)."""
+    return tl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,r,r", [code_pairs, scale_f16],
+                                     dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+                                     is_pure=True, pack=2)
 
 
 @triton.jit
@@ -205,20 +178,14 @@ def dequant_f16_cvt(code_pairs, scale_f16):
     values, same shape). Returns four fp16 tensors of that shape: the low nibble of the first
     byte, its high nibble, the low nibble of the second byte, its high nibble. SM89+ GPUs
     only (no interpreter); twin: ``dequant_f16_portable``."""
-    return tl.inline_asm_elementwise(DEQUANT_F16_CVT_PTX, "=r,=r,=r,=r,r,r",
-                                     [code_pairs, scale_f16],
-                                     dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-                                     is_pure=True, pack=2)
+    return _dequant_f16_asm(code_pairs, scale_f16, DEQUANT_F16_CVT_PTX)
 
 
 @triton.jit
 def dequant_f16_arith(code_pairs, scale_f16):
     """``DEQUANT_F16_ARITH_PTX``: ``dequant_f16_cvt``'s outputs without conversion
     instructions. SM90+ GPUs only (``max.u16x2``); twin: ``dequant_f16_portable``."""
-    return tl.inline_asm_elementwise(DEQUANT_F16_ARITH_PTX, "=r,=r,=r,=r,r,r",
-                                     [code_pairs, scale_f16],
-                                     dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-                                     is_pure=True, pack=2)
+    return _dequant_f16_asm(code_pairs, scale_f16, DEQUANT_F16_ARITH_PTX)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..constants import CODE_BYTES, HEAD_DIM, NUM_GROUPS, PAGE_SIZE, SCALES_OFFSET
 from .numerics import nvfp4_quantize_pairs
-from .device import device_guard, interpreting, portable_default
+from .device import launch_rows, rows_per_program
 
 
 @triton.jit
@@ -82,11 +82,11 @@ def _quantize_nvfp4_kernel(x_ptr, x_row_stride, n_rows, codes_ptr, scales_ptr, s
                        PAGED)
 
 
-def rows_per_program(n_rows: int) -> int:
-    """Tokens per program: large tiles under the interpreter (fewer, vectorized programs)."""
-    if interpreting():
-        return max(1, min(64, triton.next_power_of_2(max(n_rows, 1))))
-    return 8
+def _written_rows(k: torch.Tensor, cache: torch.Tensor) -> torch.Tensor | None:
+    """Keys ``k [T, 128]`` of a paged write as unit-stride rows (``_rows_view``), or None when
+    nothing is written: no token, or a cache without blocks (every slot is then negative;
+    the API validates that)."""
+    return None if k.shape[0] == 0 or cache.shape[0] == 0 else _rows_view(k)
 
 
 def _rows_view(x: torch.Tensor) -> torch.Tensor:
@@ -113,12 +113,9 @@ def quantize_nvfp4(x: torch.Tensor, *, portable: bool | None = None):
     codes = torch.empty((n, CODE_BYTES), dtype=torch.uint8, device=x.device)
     scales = torch.empty((n, NUM_GROUPS), dtype=torch.uint8, device=x.device)
     if n:
-        portable = portable_default(x.device) if portable is None else portable
         bt = rows_per_program(n)
-        with device_guard(x.device):
-            _quantize_nvfp4_kernel[(triton.cdiv(n, bt),)](
-                x2, x2.stride(0), n, codes, scales, codes, 0,
-                PAGED=False, PORTABLE=portable, BLOCK_T=bt)
+        launch_rows(_quantize_nvfp4_kernel, x.device, portable, n, bt,
+                    x2, x2.stride(0), n, codes, scales, codes, 0, PAGED=False, BLOCK_T=bt)
     return (codes.reshape(*lead, CODE_BYTES),
             scales.view(torch.float8_e4m3fn).reshape(*lead, NUM_GROUPS))
 
@@ -136,14 +133,10 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
     duplicates). Writes exactly 72 bytes per written token; page padding is never touched.
     """
     assert SCALES_OFFSET == 8192 and PAGE_SIZE == 128  # baked into store_nvfp4_tokens
-    t = k.shape[0]
-    if t == 0 or cache.shape[0] == 0:  # no block: every slot is negative (validated)
-        return
-    k2 = _rows_view(k)
-    slots = slot_mapping.contiguous()
-    portable = portable_default(k.device) if portable is None else portable
-    bt = rows_per_program(t)
-    with device_guard(k.device):
-        _quantize_nvfp4_kernel[(triton.cdiv(t, bt),)](
-            k2, k2.stride(0), t, cache, cache, slots, cache.stride(0),
-            PAGED=True, PORTABLE=portable, BLOCK_T=bt)
+    k2 = _written_rows(k, cache)
+    if k2 is not None:
+        t = k2.shape[0]
+        bt = rows_per_program(t)
+        launch_rows(_quantize_nvfp4_kernel, k.device, portable, t, bt, k2, k2.stride(0), t,
+                    cache, cache, slot_mapping.contiguous(), cache.stride(0),
+                    PAGED=True, BLOCK_T=bt)

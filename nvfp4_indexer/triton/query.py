@@ -15,7 +15,7 @@ from .insert import _norm_rope_inputs
 from .layout import HEAD
 from .numerics import e4m3_encode_bits, gemma_rstd, norm_pow2_scale, rope_combine
 from ..validation import check_eps
-from .device import device_guard, interpreting, portable_default
+from .device import launch_rows, rows_per_program
 
 
 @triton.jit
@@ -67,12 +67,9 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     out = torch.empty((t, h, HEAD_DIM), dtype=torch.uint8, device=q.device)
     n = t * h
     if n:
-        portable = portable_default(q.device) if portable is None else portable
-        br = max(1, min(64, triton.next_power_of_2(n))) if interpreting() else 4
-        with device_guard(q.device):
-            _prepare_index_q_kernel[(triton.cdiv(n, br),)](
-                q, q.stride(0), q.stride(1), h, n, positions.contiguous(),
-                q_norm_weight.contiguous(), cos_sin_cache, cos_sin_cache.stride(0),
-                cos_sin_cache.stride(1), eps, out,
-                ROT=int(rotary_dim), PORTABLE=portable, BLOCK_R=br)
+        br = rows_per_program(n, 4)
+        launch_rows(_prepare_index_q_kernel, q.device, portable, n, br,
+                    q, q.stride(0), q.stride(1), h, n, positions.contiguous(),
+                    q_norm_weight.contiguous(), cos_sin_cache, cos_sin_cache.stride(0),
+                    cos_sin_cache.stride(1), eps, out, ROT=int(rotary_dim), BLOCK_R=br)
     return out.view(torch.float8_e4m3fn)

@@ -37,6 +37,7 @@ from ..layout import local_page
 from ..scan import clamped_seq_len, decode_rows, out_offsets
 from ..topk import EMPTY, load_candidates, write_selection
 from .dispatch import MAX_ROWS, SEND_KEEP, plan_context_parallel
+from .runner import warmup_default, warmup_inputs
 from .split_kernel import decode_score_kernel
 
 
@@ -150,9 +151,7 @@ class ContextParallelRunner:
         self.scratch = torch.empty(plan.cand_elems, dtype=torch.int64, device=self.device)
         self.win = torch.empty(max(plan.win_elems, 1), dtype=torch.float32,
                                device=self.device)
-        if warmup is None:
-            warmup = self.device.type == "cuda"
-        if warmup:
+        if warmup_default(warmup, self.device):
             self._warmup()
 
     @property
@@ -165,16 +164,12 @@ class ContextParallelRunner:
         return (self.world, self.num_reqs * self.query_len, self.num_heads, SEND_KEEP)
 
     def _warmup(self) -> None:
-        b, q, w = self.num_reqs, self.query_len, self.width
         dev = self.device
-        from ...reference.paging import new_index_cache
-        q_all = torch.zeros((b * q, self.world * self.num_heads, HEAD_DIM),
-                            dtype=torch.float8_e4m3fn, device=dev)
-        seq_lens = torch.zeros((b,), dtype=torch.int32, device=dev)
+        q_all, cache, block_table, seq_lens, out = warmup_inputs(
+            self.num_reqs, self.query_len, self.world * self.num_heads, self.num_heads,
+            self.width, dev)
         send = torch.empty(self.send_shape(), dtype=torch.int64, device=dev)
-        out = torch.empty((b * q, self.num_heads, TOPK), dtype=torch.int32, device=dev)
-        self.score(q_all, new_index_cache(1, device=dev),
-                   torch.zeros((b, w), dtype=torch.int32, device=dev), seq_lens, send)
+        self.score(q_all, cache, block_table, seq_lens, send)
         self.merge(send, send[0].numel(), seq_lens, out)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

@@ -24,6 +24,24 @@ _CONSTRAINTS = gl.constexpr(LUT_CONSTRAINTS)
 _SPLIT_ASM = gl.constexpr("mov.b32 $0, $1;")  # f16x2 word -> its two halves
 
 
+def chunk_layouts(warps: int) -> tuple:
+    """Host side: ``(CL, SCL)`` of a code chunk on ``warps`` warps (1, 2 or 4), warp w on
+    tokens 16w .. 16w + 15: the code / scale read layout ``[16 * warps, 4, 2]`` whose lane
+    bases are those of the m16n8k16 A fragment (element (m, j, g'): group 2j + g' of token m;
+    lanes: j, then m mod 8; registers: g', m // 8) and the cp.async layout of the scale bytes
+    ``[16 * warps, 8]`` (4 bytes per lane)."""
+    rows = [16 << k for k in range(warps.bit_length() - 1)]
+    cl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[r, 0, 0] for r in rows], block_bases=[], shape=[16 * warps, 4, 2])
+    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
+                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+                                     warp_bases=[[r, 0] for r in rows], block_bases=[],
+                                     shape=[16 * warps, 8])
+    return cl, scl
+
+
 def phys_dim(c: int) -> int:
     """Physical dim of the A tile's column c (module doc): with c = 64g' + 32pl + 16ph + 8w +
     2j + e, dim 32j + 16g' + 8w + pl + 4ph + 2e (group 2j + g', word w, nibble
@@ -41,12 +59,22 @@ def load_q(q_ptr, b, q_row_stride, q_head_stride, C0: gl.constexpr, Q: gl.conste
     c = C0 + gl.arange(0, 64, layout=gl.SliceLayout(1, QL))
     dim = (32 * ((c >> 1) & 3) + 16 * ((c >> 6) & 1) + 8 * ((c >> 3) & 1)
            + ((c >> 5) & 1) + 4 * ((c >> 4) & 1) + 2 * (c & 1))
-    n = gl.arange(0, N, layout=gl.SliceLayout(0, QL))
+    qb = load_q_bytes(q_ptr, b, q_row_stride, q_head_stride, dim, Q, H, N, QL, 1)
+    return qb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+
+
+@gluon.jit
+def load_q_bytes(q_ptr, b, q_row_stride, q_head_stride, dim, Q: gl.constexpr, H: gl.constexpr,
+                 N: gl.constexpr, QL: gl.constexpr, ROW_AXIS: gl.constexpr):
+    """E4M3 bytes (uint8) of dims ``dim`` (along axis 1 - ROW_AXIS of ``QL``) of query rows
+    n = i*H + h < N (along ``ROW_AXIS``) of request b; rows >= Q*H load zeros."""
+    DIM_AXIS: gl.constexpr = 1 - ROW_AXIS
+    n = gl.arange(0, N, layout=gl.SliceLayout(DIM_AXIS, QL))
     row = (b * Q + n // H).to(gl.int64)
     q_off = row * q_row_stride + (n % H) * q_head_stride
-    ok = gl.expand_dims(n < Q * H, 0) & gl.expand_dims(dim >= 0, 1)
-    qb = gl.load(q_ptr + gl.expand_dims(q_off, 0) + gl.expand_dims(dim, 1), mask=ok, other=0)
-    return qb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    ok = gl.expand_dims(n < Q * H, DIM_AXIS) & gl.expand_dims(dim >= 0, ROW_AXIS)
+    return gl.load(q_ptr + gl.expand_dims(q_off, DIM_AXIS) + gl.expand_dims(dim, ROW_AXIS),
+                   mask=ok, other=0)
 
 
 @gluon.jit

@@ -74,9 +74,20 @@ def lut_dequant_portable(codes, sbytes, tbl_ptr):
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
+def _lut_pair_asm(out: str, lo: int) -> str:
+    """PTX of output pair (nibbles ``lo``, ``lo + 2``; ``PAIR_NIBBLES``) -> register ``out``:
+    ``prmt`` places the two magnitude bytes (from rl / rh) and their sign bytes (from se /
+    so: byte k = sign of value 2k / 2k + 1), the shift moves them onto fp16 bits 7..15."""
+    hi = lo + 2
+    mags, signs = ("rl" if lo < 4 else "rh"), ("so" if lo % 2 else "se")
+    # selector digit k: source byte of result byte k (0..3: mags, 4..7: signs)
+    sel = f"0x{4 + hi // 2}{hi % 4}{4 + lo // 2}{lo % 4}"
+    prmt, shl = f"prmt.b32 p, {mags}, {signs}, {sel};", f"shl.b32 {out}, p, 7;"
+    return (f"{prmt:<36} // [T(n{lo}) s{lo} T(n{hi}) s{hi}]\n"
+            f"{shl:<35} // -> f16x2 (n{lo}, n{hi})\n")
+
 def _lut_word_asm(word: str, first_out: int) -> str:
     """PTX of one 32-bit code word -> output registers ``$first_out .. $first_out + 3``."""
-    a, b, c, d = (f"${first_out + i}" for i in range(4))
     return f"""and.b32 x, {word}, 0x77777777;    // 3-bit magnitude index of each nibble
 shr.u32 xh, x, 16;                   // indices of nibbles 4..7 in the low half
 prmt.b32 rl, tl, th, x;              // rl = [T(n0) T(n1) T(n2) T(n3)]
@@ -85,16 +96,7 @@ shr.u32 so, {word}, 7;
 lop3.b32 so, so, sm, 0x01010101, 0x28;  // (so ^ sm) & 0x0101..: byte k = sign of value 2k+1
 shr.u32 se, {word}, 3;
 lop3.b32 se, se, sm, 0x01010101, 0x28;  // byte k = sign of value 2k
-prmt.b32 p, rl, se, 0x5240;          // [T(n0) s0 T(n2) s2]
-shl.b32 {a}, p, 7;                   // -> f16x2 (n0, n2)
-prmt.b32 p, rl, so, 0x5341;          // [T(n1) s1 T(n3) s3]
-shl.b32 {b}, p, 7;                   // -> f16x2 (n1, n3)
-prmt.b32 p, rh, se, 0x7260;          // [T(n4) s4 T(n6) s6]
-shl.b32 {c}, p, 7;                   // -> f16x2 (n4, n6)
-prmt.b32 p, rh, so, 0x7361;          // [T(n5) s5 T(n7) s7]
-shl.b32 {d}, p, 7;                   // -> f16x2 (n5, n7)
-"""
-
+""" + "".join(_lut_pair_asm(f"${first_out + p}", lo) for p, (lo, _) in enumerate(PAIR_NIBBLES))
 
 # Inputs: $8 = int64, 16 codes of one group (low word: dims 16G..16G+7, nibble k = dim
 # 16G + k); $9 = the table entry of the group's scale byte (int64, loaded by the caller so

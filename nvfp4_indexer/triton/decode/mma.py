@@ -34,8 +34,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from ..layout import PAGE, SCALES_OFFSET
-from .fragments import (dequant_half, flat_work, group_offsets, half_operands, load_q,
-                        request_segment)
+from .fragments import (chunk_layouts, dequant_half, flat_work, group_offsets, half_operands,
+                        load_q, request_segment)
 
 CHUNK = gl.constexpr(16)  # tokens per MMA (the m16n8k16 A fragment's rows)
 
@@ -163,19 +163,11 @@ def _score_pages(q_ptr, q_row_stride, q_head_stride, b, cache64, cache8, page_st
 @functools.lru_cache(maxsize=None)
 def layouts(rows: int):
     """Constexpr layouts of the warp-per-split Gluon scorer (one warp) for
-    N = ``rows`` query rows: ``(CL, MMA, QL, SCL)`` -- the chunk code / scale read layout whose
-    lane bases are those of the m16n8k16 A fragment (element (m, j, g'): group 2j + g' of token
-    m; lanes: j, then m mod 8; registers: g', m // 8), the MMA accumulator, the query load and
-    the cp.async layout of a chunk's scale bytes ``[16 tokens, 8]`` (4 bytes per lane).
-    Cached: building them costs ~0.1 ms of host time, once per eager launch otherwise."""
-    from triton.experimental.gluon import language as gl
-    cl = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [8, 0, 0]],
-        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[], block_bases=[], shape=[16, 4, 2])
+    N = ``rows`` query rows: ``(CL, MMA, QL, SCL)`` -- the chunk code / scale read layout and
+    the cp.async layout of its scale bytes (``fragments.chunk_layouts(1)``: 16 tokens), the
+    MMA accumulator and the query load. Cached: building them costs ~0.1 ms of host time,
+    once per eager launch otherwise."""
+    cl, scl = chunk_layouts(1)
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     ql = gl.BlockedLayout([2, 1], [32, 1], [1, 1], [0, 1])
-    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
-                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
-                                     warp_bases=[], block_bases=[], shape=[16, 8])
     return cl, mma, ql, scl

@@ -52,43 +52,64 @@ _MIN_ASM = gl.constexpr("redux.sync.min.s32 $0, $1, 0xffffffff;")
 
 
 @gluon.jit
+def _warp_reduce(x, ASM: gl.constexpr):
+    """Warp-wide reduction ``ASM`` (a ``redux.sync``) of int32 ``x`` (one element per thread),
+    in every lane."""
+    return gl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _warp_max(x):
-    """Warp-wide max of int32 ``x`` (one element per thread), in every lane."""
-    return gl.inline_asm_elementwise(_MAX_ASM, "=r,r", [x], dtype=gl.int32, is_pure=False,
-                                     pack=1)
+    return _warp_reduce(x, _MAX_ASM)
 
 
 @gluon.jit
 def _warp_min(x):
-    return gl.inline_asm_elementwise(_MIN_ASM, "=r,r", [x], dtype=gl.int32, is_pure=False,
-                                     pack=1)
+    return _warp_reduce(x, _MIN_ASM)
 
 
 @gluon.jit
 def _row_setup(seq_lens_ptr, width, Q: gl.constexpr, H: gl.constexpr, K: gl.constexpr,
                ROWS: gl.constexpr):
     """Program (b, y)'s rows m = y*ROWS .. (one per warp, ``[ROWS, 32, K]`` tiles: K columns
-    per lane): ``(b, m, row mask, local pages L [ROWS], L [ROWS, 1], slot = lane [1, 32],
-    the short-row output (L <= 15, padding rows: L = 0; SPEC 5) [ROWS, 32], lanes [32], k
-    [K])``; seq_len clamped to ``[0, W * 128]`` (SPEC 10)."""
+    per lane): ``(b, m, row mask, local pages L [ROWS, 1], slot = lane [1, 32], the short-row
+    output (L <= 15, padding rows: L = 0; SPEC 5) [ROWS, 32], lanes [32], k [K], whether some
+    row has L > 15)``; seq_len clamped to ``[0, W * 128]`` (SPEC 10)."""
     L3: gl.constexpr = gl.BlockedLayout([1, 1, K], [1, 32, 1], [ROWS, 1, 1], [2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)  # [ROWS, 32]: one element per thread
-    b = gl.program_id(0)
-    m = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, L2))
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, L2))
+    b, m, row_ok, _, local, loc2, slot, res, lane = _rows(seq_lens_ptr, width, Q, H, ROWS, L2)
     kk = gl.arange(0, K, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)
-    pos = seq_len - Q + m // H
-    local = gl.where(pos >= 0, pos // PAGE, 0)
-    loc2 = gl.expand_dims(local, 1)
-    slot = gl.expand_dims(lane, 0)
-    return b, m, m < Q * H, local, loc2, slot, gl.where(slot <= loc2, slot, -1), lane, kk
+    return b, m, row_ok, loc2, slot, res, lane, kk, _any_long(row_ok, local)
 
 
 @gluon.jit
 def _columns(lane, kk, K: gl.constexpr):
     """Columns lane * K + k ``[1, 32, K]`` of ``_row_setup``'s lanes and per-lane indices."""
     return gl.expand_dims(gl.expand_dims(lane, 0), 2) * K + gl.expand_dims(gl.expand_dims(kk, 0), 1)
+
+
+@gluon.jit
+def _any_long(row_ok, local):
+    """Whether some row of the program has L > 15 (then the rounds run)."""
+    return gl.max(gl.where(row_ok, local, 0), 0) > HISTORY
+
+
+@gluon.jit
+def _rows(seq_lens_ptr, width, Q: gl.constexpr, H: gl.constexpr, ROWS: gl.constexpr,
+          L2: gl.constexpr):
+    """Program (b, y)'s rows m = y*ROWS .. in the ``[ROWS, 32]`` layout ``L2``: ``(b, m, row
+    mask, seq_len, L [ROWS], L [ROWS, 1], slot = lane [1, 32], the short-row output [ROWS,
+    32], lanes [32])``; seq_len clamped to ``[0, W * 128]`` (SPEC 10)."""
+    b = gl.program_id(0)
+    m = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, L2))
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, L2))
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)
+    pos = seq_len - Q + m // H
+    local = gl.where(pos >= 0, pos // PAGE, 0)
+    loc2 = gl.expand_dims(local, 1)
+    slot = gl.expand_dims(lane, 0)
+    return (b, m, m < Q * H, seq_len, local, loc2, slot, gl.where(slot <= loc2, slot, -1),
+            lane)
 
 
 @gluon.jit
@@ -99,39 +120,67 @@ def _store_rows(out_ptr, b, m, row_ok, slot, res, Q: gl.constexpr, H: gl.constex
              mask=gl.expand_dims(row_ok, 1) & (slot < 16))
 
 
+@gluon.jit
+def _score_keys(s, ok):
+    """Round keys of fp32 page scores ``s``: the monotone int32 key (-0.0 = +0.0: equal
+    scores tie by id), ``_NAN_KEY`` for NaN, INT32_MIN where not ``ok``."""
+    s = gl.where(s == 0.0, 0.0, s)
+    bits = s.to(gl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = gl.where(s != s, _NAN_KEY, key)
+    return gl.where(ok, key, _INT32_MIN)
+
+
+@gluon.jit
+def _take(key, ids, AXIS: gl.constexpr):
+    """One round over a warp: the largest key of ``key`` (a lane's entries along ``AXIS``)
+    and the smallest id holding it, ``(best key, page id)`` in every lane."""
+    lane_key = gl.max(key, AXIS)  # in registers
+    lane_id = gl.min(gl.where(key == gl.expand_dims(lane_key, AXIS), ids, _NO_ID), AXIS)
+    best = _warp_max(lane_key)
+    return best, _warp_min(gl.where(lane_key == best, lane_id, _NO_ID))
+
+
+@gluon.jit
+def _select_rounds(key, ids, slot, res, loc2, AXIS: gl.constexpr):
+    """The 15 rounds over ``key`` / ``ids`` (a lane's entries along ``AXIS``): round k's page
+    into slot k of ``res`` and out of ``key``; returns the rows' output (``_row_output``)."""
+    for k in gl.static_range(HISTORY):
+        _, page = _take(key, ids, AXIS)
+        res = gl.where(slot == k, page, res)
+        key = gl.where(ids == gl.expand_dims(page, AXIS), _INT32_MIN, key)
+    return _row_output(res, slot, loc2)
+
+
+@gluon.jit
+def _row_output(res, slot, loc2):
+    """Slot 15 = L and the short-row formula (L <= 15) around the rounds' slots ``res``."""
+    return gl.where(slot == HISTORY, loc2, gl.where(loc2 > HISTORY, res,
+                                                    gl.where(slot <= loc2, slot, -1)))
+
+
 # Like their plain-Triton twins, no launch specializes on pointer alignment or the width's
 # value: the runner's warm-up compiles what every real launch runs (CUDA-graph capture never
 # compiles), whatever the alignment of the caller's seq_lens / out views.
-@gluon.jit(do_not_specialize=["width"],
-           do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
+_SELECT_JIT = dict(do_not_specialize=["width"],
+                   do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
+
+
+@gluon.jit(**_SELECT_JIT)
 def redux_select_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexpr,
                         H: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                         ROWS: gl.constexpr):
     """Program (b, y): rows y*ROWS .. y*ROWS + ROWS - 1 of request b (module doc); ``out``
     ``int32 [B*Q, H, 16]``; ``scores`` fp32 ``[B, N, W]``; W <= 32 * K."""
-    b, m, row_ok, local, loc2, slot, res, lane, kk = _row_setup(seq_lens_ptr, width, Q, H, K,
-                                                                 ROWS)
-    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+    b, m, row_ok, loc2, slot, res, lane, kk, long = _row_setup(seq_lens_ptr, width, Q, H, K, ROWS)
+    if long:
         jj = _columns(lane, kk, K)  # [1, 32, K]: page ids / candidate columns
         loc3 = gl.expand_dims(loc2, 2)
         ok = (jj < loc3) & gl.expand_dims(gl.expand_dims(row_ok, 1), 2)
         rows = gl.expand_dims(gl.expand_dims((b * N + m).to(gl.int64) * width, 1), 2)
-        s = gl.load(scores_ptr + rows + jj, mask=ok, other=0.0)
-        s = gl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal scores tie by id
-        bits = s.to(gl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        key = gl.where(s != s, _NAN_KEY, key)
-        key = gl.where(ok, key, _INT32_MIN)
+        key = _score_keys(gl.load(scores_ptr + rows + jj, mask=ok, other=0.0), ok)
         ids = jj + gl.zeros_like(key)
-        for k in gl.static_range(HISTORY):
-            lane_key = gl.max(key, 2)  # [ROWS, 32], in registers
-            lane_id = gl.min(gl.where(key == gl.expand_dims(lane_key, 2), ids, _NO_ID), 2)
-            best = _warp_max(lane_key)
-            page = _warp_min(gl.where(lane_key == best, lane_id, _NO_ID))
-            res = gl.where(slot == k, page, res)
-            key = gl.where(ids == gl.expand_dims(page, 2), _INT32_MIN, key)
-        res = gl.where(slot == HISTORY, loc2, gl.where(loc2 > HISTORY, res,
-                                                       gl.where(slot <= loc2, slot, -1)))
+        res = _select_rounds(key, ids, slot, res, loc2, 2)  # lane's K pages: [ROWS, 32]
     _store_rows(out_ptr, b, m, row_ok, slot, res, Q, H)
 
 
@@ -150,9 +199,8 @@ def redux_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: gl.constexpr,
     INT32_MIN, below every real candidate, NaN pages included). Page ids in one row's
     candidates are distinct (splits partition the pages), so a taken candidate is removed by
     setting it to ``EMPTY``; a row with L >= 16 has at least 15 real candidates."""
-    b, m, row_ok, local, loc2, slot, res, lane, kk = _row_setup(seq_lens_ptr, width, Q, H, K,
-                                                                 ROWS)
-    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+    b, m, row_ok, loc2, slot, res, lane, kk, long = _row_setup(seq_lens_ptr, width, Q, H, K, ROWS)
+    if long:
         jj = _columns(lane, kk, K)  # [1, 32, K]: page ids / candidate columns
         ok = (jj < C) & gl.expand_dims(gl.expand_dims(row_ok, 1), 2)
         rows = gl.expand_dims(gl.expand_dims((b * BLOCK_M + m).to(gl.int64) * C, 1), 2)
@@ -168,13 +216,11 @@ def redux_merge_kernel(cand_ptr, seq_lens_ptr, out_ptr, width, Q: gl.constexpr,
             hi = gl.where(taken, _INT32_MIN, hi)
             lo = gl.where(taken, _INT32_MIN, lo)
             res = gl.where(slot == k, best_lo ^ 0x7FFFFFFF, res)  # id = ~(low word)
-        res = gl.where(slot == HISTORY, loc2, gl.where(loc2 > HISTORY, res,
-                                                       gl.where(slot <= loc2, slot, -1)))
+        res = _row_output(res, slot, loc2)
     _store_rows(out_ptr, b, m, row_ok, slot, res, Q, H)
 
 
-@gluon.jit(do_not_specialize=["width"],
-           do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
+@gluon.jit(**_SELECT_JIT)
 def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.constexpr,
                               H: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                               S: gl.constexpr, ROWS: gl.constexpr):
@@ -194,17 +240,9 @@ def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.co
     P2: gl.constexpr = gl.BlockedLayout([1, S, 1], [1, 1, 32], [ROWS, S, 1], [2, 1, 0])
     O2: gl.constexpr = gl.SliceLayout(1, P2)  # [ROWS, 32]: output slots
     SM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    b = gl.program_id(0)
-    m = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O2))
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, O2))
-    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), width * PAGE)
-    row_ok = m < Q * H
-    pos = seq_len - Q + m // H
-    local = gl.where(pos >= 0, pos // PAGE, 0)
-    loc2 = gl.expand_dims(local, 1)
-    slot = gl.expand_dims(lane, 0)
-    res = gl.where(slot <= loc2, slot, -1)
-    if gl.max(gl.where(row_ok, local, 0), 0) > HISTORY:
+    b, m, row_ok, seq_len, local, loc2, slot, res, _ = _rows(seq_lens_ptr, width, Q, H, ROWS,
+                                                             O2)
+    if _any_long(row_ok, local):
         # phase 1: each warp's slice of the row
         m1 = gl.program_id(1) * ROWS + gl.arange(
             0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, P1))))
@@ -219,21 +257,14 @@ def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.co
         pos4 = seq_len - Q + m4 // H
         loc4 = gl.where(pos4 >= 0, pos4 // PAGE, 0)
         ok = (jj < loc4) & (m4 < Q * H)
-        s = gl.load(scores_ptr + (b * N + m4).to(gl.int64) * width + jj, mask=ok, other=0.0)
-        s = gl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal scores tie by id
-        bits = s.to(gl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        key = gl.where(s != s, _NAN_KEY, key)
-        key = gl.where(ok, key, _INT32_MIN)
+        key = _score_keys(gl.load(scores_ptr + (b * N + m4).to(gl.int64) * width + jj, mask=ok,
+                                  other=0.0), ok)
         ids = jj + gl.zeros_like(key)
         lane1 = gl.expand_dims(gl.expand_dims(l1, 0), 1)  # [1, 1, 32]
         top_key = gl.full([ROWS, S, 32], _INT32_MIN, gl.int32, layout=R1)
         top_id = gl.full([ROWS, S, 32], _NO_ID, gl.int32, layout=R1)
         for k in gl.static_range(HISTORY):
-            lane_key = gl.max(key, 3)  # [ROWS, S, 32]
-            lane_id = gl.min(gl.where(key == gl.expand_dims(lane_key, 3), ids, _NO_ID), 3)
-            best = _warp_max(lane_key)
-            page = _warp_min(gl.where(lane_key == best, lane_id, _NO_ID))
+            best, page = _take(key, ids, 3)  # [ROWS, S, 32]
             top_key = gl.where(lane1 == k, best, top_key)
             top_id = gl.where(lane1 == k, page, top_id)
             key = gl.where(ids == gl.expand_dims(page, 3), _INT32_MIN, key)
@@ -243,13 +274,5 @@ def redux_select_split_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: gl.co
         gl.thread_barrier()  # belt and braces: the compiler puts a BAR here by itself
         key2 = key_smem.load(P2)
         id2 = id_smem.load(P2)
-        for k in gl.static_range(HISTORY):
-            lane_key = gl.max(key2, 1)  # [ROWS, 32]
-            lane_id = gl.min(gl.where(key2 == gl.expand_dims(lane_key, 1), id2, _NO_ID), 1)
-            best = _warp_max(lane_key)
-            page = _warp_min(gl.where(lane_key == best, lane_id, _NO_ID))
-            res = gl.where(slot == k, page, res)
-            key2 = gl.where(id2 == gl.expand_dims(page, 1), _INT32_MIN, key2)
-        res = gl.where(slot == HISTORY, loc2, gl.where(loc2 > HISTORY, res,
-                                                       gl.where(slot <= loc2, slot, -1)))
+        res = _select_rounds(key2, id2, slot, res, loc2, 1)  # lane's S entries: [ROWS, 32]
     _store_rows(out_ptr, b, m, row_ok, slot, res, Q, H)

@@ -75,6 +75,26 @@ def score_buffer_size(num_reqs: int, num_pages: int, num_heads: int, query_len: 
                     validate=False).scratch_elems
 
 
+def warmup_default(warmup: bool | None, device: torch.device) -> bool:
+    """Whether a runner warms up: ``warmup``, or None = on CUDA (compiles every kernel it
+    launches and syncs, so that CUDA-graph capture never compiles)."""
+    return device.type == "cuda" if warmup is None else bool(warmup)
+
+
+def warmup_inputs(num_reqs: int, query_len: int, q_heads: int, out_heads: int, width: int,
+                  device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Inputs of a warm-up launch (every request empty): ``(index_q, cache, block_table,
+    seq_lens, out)``: zero ``float8_e4m3fn [B*Q, q_heads, 128]``, a one-block cache, zero
+    int32 ``[B, width]`` and ``[B]``, empty int32 ``[B*Q, out_heads, 16]``."""
+    from ...reference.paging import new_index_cache
+    b, q = num_reqs, query_len
+    return (torch.zeros((b * q, q_heads, HEAD_DIM), dtype=torch.float8_e4m3fn, device=device),
+            new_index_cache(1, device=device),
+            torch.zeros((b, width), dtype=torch.int32, device=device),
+            torch.zeros((b,), dtype=torch.int32, device=device),
+            torch.empty((b * q, out_heads, TOPK), dtype=torch.int32, device=device))
+
+
 class DecodeRunner:
     """Capturable decode indexer for one static shape (B, W, Q, H) (SPEC 6).
 
@@ -126,9 +146,7 @@ class DecodeRunner:
         self.scratch, self.win = self._scratch_view(score_buffer, plan.cand_elems,
                                                     plan.win_elems)
         self._prepare_launches()
-        if warmup is None:
-            warmup = self.device.type == "cuda"
-        if warmup:
+        if warmup_default(warmup, self.device):
             self._warmup()
 
     def _prepare_launches(self) -> None:
@@ -175,17 +193,10 @@ class DecodeRunner:
         return cand, buf[2 * n:need]
 
     def _warmup(self) -> None:
-        b, w, q, h = self.num_reqs, self.width, self.query_len, self.num_heads
-        dev = self.device
-        index_q = torch.zeros((b * q, h, HEAD_DIM), dtype=torch.float8_e4m3fn, device=dev)
-        from ...reference.paging import new_index_cache
-        cache = new_index_cache(1, device=dev)
-        block_table = torch.zeros((b, w), dtype=torch.int32, device=dev)
-        seq_lens = torch.zeros((b,), dtype=torch.int32, device=dev)
-        out = torch.empty((b * q, h, TOPK), dtype=torch.int32, device=dev)
-        self.run(index_q, cache, block_table, seq_lens, out)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        h = self.num_heads
+        self.run(*warmup_inputs(self.num_reqs, self.query_len, h, h, self.width, self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def run(self, index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
             seq_lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

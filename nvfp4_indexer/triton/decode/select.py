@@ -33,6 +33,31 @@ def _class_max(row_scores, g, local, below, r0, GROUP: tl.constexpr):
     return tl.max(tl.where(ok & (key < below), key, EMPTY), 0)
 
 
+@triton.jit
+def _row_start(scores_ptr, seq_lens_ptr, width, Q: tl.constexpr, H: tl.constexpr,
+               N: tl.constexpr):
+    """Program (b, m): row m = i*H + h of request b. Returns ``(b, i, h, local, row_scores,
+    slot, res)``: L (``local``), the row's score pointer, the 16 output slots and their
+    short-row output (``slot`` where ``slot <= L``, else -1)."""
+    b = tl.program_id(0)
+    m = tl.program_id(1)
+    i = m // H
+    h = m % H
+    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
+    local = local_page(seq_len - Q + i)  # padding rows (p < 0) select like L = 0
+    row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
+    slot = tl.arange(0, 16)  # output slots; also the 16 residue classes of the classes kernel
+    res = tl.where(slot <= local, slot, -1)  # L <= 15 (padding rows: L = 0), per SPEC 5
+    return b, i, h, local, row_scores, slot, res
+
+
+@triton.jit
+def _store_row(out_ptr, b, i, h, slot, res, Q: tl.constexpr, H: tl.constexpr):
+    """Slots ``slot`` of ``res`` into row i*H + h of request b of ``out [B*Q, H, 16]``."""
+    row = (b * Q + i).to(tl.int64)
+    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+
+
 @triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
 def select_classes_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr,
                           H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr,
@@ -41,16 +66,7 @@ def select_classes_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.conste
     # in cmax (one pass over the row). A round takes the largest class maximum (the best
     # page not yet taken: keys are distinct and taken in descending order) and replaces it
     # by the largest candidate of that class below it (a reload of ~L/16 scores, L1-hot).
-    b = tl.program_id(0)
-    m = tl.program_id(1)  # row i*H + h of request b
-    i = m // H
-    h = m % H
-    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
-    p = seq_len - Q + i
-    local = local_page(p)  # padding rows (p < 0) select like L = 0
-    row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
-    slot = tl.arange(0, 16)  # output slots; also the 16 residue classes
-    res = tl.where(slot <= local, slot, -1)  # L <= 15 (padding rows: L = 0), per SPEC 5
+    b, i, h, local, row_scores, slot, res = _row_start(scores_ptr, seq_lens_ptr, width, Q, H, N)
     if local > HISTORY:
         cmax = tl.full([16], EMPTY, tl.int64)
         for c0 in range(0, local, CHUNK):
@@ -70,8 +86,7 @@ def select_classes_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.conste
                 nxt = tl.maximum(nxt, _class_max(row_scores, g, local, best, r0, GROUP))
             cmax = tl.where(slot == g, nxt, cmax)
         res = tl.where(slot == HISTORY, local, res)
-    row = (b * Q + i).to(tl.int64)
-    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+    _store_row(out_ptr, b, i, h, slot, res, Q, H)
 
 
 @triton.jit(do_not_specialize_on_alignment=["scores_ptr", "seq_lens_ptr", "out_ptr"])
@@ -79,15 +94,7 @@ def select_wide_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr
                        H: tl.constexpr, N: tl.constexpr, CHUNK: tl.constexpr):
     # The row's L <= CHUNK page scores as packed candidates in registers (all warps of the
     # program); each of the 15 rounds takes the largest and removes it (keys are distinct).
-    b = tl.program_id(0)
-    m = tl.program_id(1)  # row i*H + h of request b
-    i = m // H
-    h = m % H
-    seq_len = clamped_seq_len(seq_lens_ptr, b, width)
-    local = local_page(seq_len - Q + i)  # padding rows (p < 0) select like L = 0
-    row_scores = scores_ptr + (b.to(tl.int64) * N + m) * width
-    slot = tl.arange(0, 16)
-    res = tl.where(slot <= local, slot, -1)  # L <= 15 (padding rows: L = 0), per SPEC 5
+    b, i, h, local, row_scores, slot, res = _row_start(scores_ptr, seq_lens_ptr, width, Q, H, N)
     if local > HISTORY:
         jj = tl.arange(0, CHUNK)
         ok = jj < local
@@ -98,5 +105,4 @@ def select_wide_kernel(scores_ptr, seq_lens_ptr, width, out_ptr, Q: tl.constexpr
             res = tl.where(slot == k, candidate_id(best), res)
             keys = tl.where(keys == best, EMPTY, keys)
         res = tl.where(slot == HISTORY, local, res)
-    row = (b * Q + i).to(tl.int64)
-    tl.store(out_ptr + (row * H + h) * 16 + slot, res)
+    _store_row(out_ptr, b, i, h, slot, res, Q, H)

@@ -38,7 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from ..layout import PAGE, SCALES_OFFSET
-from .fragments import dequant_half, flat_work, half_operands, load_q, request_segment
+from .fragments import (chunk_layouts, dequant_half, flat_work, half_operands, load_q,
+                        load_q_bytes, request_segment)
 from .lut import LUT_E4M3_ASM, LUT_E4M3_CONSTRAINTS
 
 _E4M3_ASM = gl.constexpr(LUT_E4M3_ASM)
@@ -89,11 +90,7 @@ def _load_q8(q_ptr, b, q_row_stride, q_head_stride, GP: gl.constexpr, Q: gl.cons
     >= Q*H are zero)."""
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, QL))
     dim = (16 * (2 * ((c >> 2) & 3) + GP) + 8 * ((c >> 5) & 1) + 4 * ((c >> 4) & 1) + (c & 3))
-    n = gl.arange(0, N, layout=gl.SliceLayout(1, QL))
-    row = (b * Q + n // H).to(gl.int64)
-    q_off = row * q_row_stride + (n % H) * q_head_stride
-    ok = gl.expand_dims(n < Q * H, 1) & gl.expand_dims(dim >= 0, 0)
-    qb = gl.load(q_ptr + gl.expand_dims(q_off, 1) + gl.expand_dims(dim, 0), mask=ok, other=0)
+    qb = load_q_bytes(q_ptr, b, q_row_stride, q_head_stride, dim, Q, H, N, QL, 0)
     return qb.to(gl.float8e4nv, bitcast=True)
 
 
@@ -276,21 +273,14 @@ def _score_pages(cache64, cache8, page_stride16, num_blocks, bt_row, tbl_ptr, ou
 def layouts(rows: int, fp8: bool = False):
     """Constexpr layouts of the page-per-warp wgmma scorer (4 warps) for
     N = ``rows`` query rows: ``(CL, MMA, QL, SCL, B_SL)`` -- the A-tile code / scale read
-    layout ``[64, 4, 2]`` (``mma.layouts``' CL with warp w on rows 16w .. 16w+15: the wgmma A
-    operand's bases), the wgmma accumulator, the query load, the cp.async layout of a tile's
-    scale bytes ``[64, 8]`` and the query's shared layout (cached). ``fp8``: the E4M3-operand
-    variant (``FP8``: k = 32 per wgmma, the query E4M3 ``[N, 64]`` per K half, K-major)."""
-    from triton.experimental.gluon import language as gl
-    cl = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [8, 0, 0]],
-        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 2])
+    layout ``[64, 4, 2]`` (``fragments.chunk_layouts(4)``: warp w on rows 16w .. 16w+15, the
+    wgmma A operand's bases), the wgmma accumulator, the query load, the cp.async layout of a
+    tile's scale bytes ``[64, 8]`` and the query's shared layout (cached). ``fp8``: the
+    E4M3-operand variant (``FP8``: k = 32 per wgmma, the query E4M3 ``[N, 64]`` per K half,
+    K-major)."""
+    cl, scl = chunk_layouts(4)
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                     instr_shape=[16, rows, 32 if fp8 else 16])
-    scl = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2]],
-                                     lane_bases=[[0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
-                                     warp_bases=[[16, 0], [32, 0]], block_bases=[],
-                                     shape=[64, 8])
     if fp8:
         ql = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
         b_sl = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)

@@ -175,6 +175,11 @@ def prefill_wgmma_ok(device, dot: str, tokens_on_n: bool) -> bool:
 
 # -- gather ----------------------------------------------------------------------------------
 
+# (GPU, interpreter) defaults of the gather's TOK_BLOCK, num_warps, PAGE_PARTS, STREAM
+_GATHER_DEFAULTS = ((GATHER_TOK_BLOCK, 128), (GATHER_NUM_WARPS, GATHER_NUM_WARPS),
+                    (GATHER_PAGE_PARTS, 1), (GATHER_STREAMING, GATHER_STREAMING))
+
+
 def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_parts,
                     streaming) -> tuple:
     """The gather launch's ``(DEQUANT, TOK_BLOCK, num_warps, PAGE_PARTS, STREAM)`` on
@@ -185,14 +190,10 @@ def gather_defaults(device, portable: bool, dequant, tok_block, num_warps, page_
         dev = torch.device(device)
         dequant = "triton" if (portable or dev.type != "cuda"
                                or torch.cuda.get_device_capability(dev) < (8, 9)) else "ptx"
-    if tok_block is None:
-        tok_block = 128 if interpreting() else GATHER_TOK_BLOCK
-    if num_warps is None:
-        num_warps = GATHER_NUM_WARPS
-    if page_parts is None:
-        page_parts = 1 if interpreting() else GATHER_PAGE_PARTS
-    if streaming is None:
-        streaming = GATHER_STREAMING
+    column = 1 if interpreting() else 0  # of _GATHER_DEFAULTS
+    tok_block, num_warps, page_parts, streaming = (
+        default[column] if value is None else value for value, default in zip(
+            (tok_block, num_warps, page_parts, streaming), _GATHER_DEFAULTS))
     return dequant, min(tok_block, PAGE_SIZE // page_parts), num_warps, page_parts, streaming
 
 
