@@ -21,7 +21,7 @@ __all__ = ["PAGE_SIZE", "HEAD_DIM", "TOPK", "PAGE_BYTES",
            *(name for name, module in _LAZY.items() if module == ".api")]
 
 
-def _kernels():
+def triton_backend():
     """The Triton backend package ``nvfp4_indexer.triton``, imported on first use (Triton is
     only needed when used; TRITON_INTERPRET is read at its import)."""
     from . import triton as kernels
@@ -42,7 +42,7 @@ def encode_e4m3(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     v.check_tensor("x", x, dtypes=v.FLOAT_DTYPES + (torch.float64,))
     x = x.float() if x.dtype == torch.float64 else x  # SPEC 1.1: converted to fp32 first
     if v.check_backend(backend, x.device) == "triton":
-        return _kernels().encode_e4m3(x)
+        return triton_backend().encode_e4m3(x)
     return ref.encode_e4m3(x)
 
 
@@ -62,7 +62,7 @@ def quantize_nvfp4(x: torch.Tensor, *, backend: str = "auto"):
     if x.dim() < 1 or x.shape[-1] != HEAD_DIM:
         v.fail("x", f"shape [..., {HEAD_DIM}]", f"shape {tuple(x.shape)}")
     if v.check_backend(backend, x.device) == "triton":
-        return _kernels().quantize_nvfp4(x)
+        return triton_backend().quantize_nvfp4(x)
     return ref.quantize_nvfp4(x)
 
 
@@ -84,7 +84,7 @@ def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor,
         raise NotImplementedError(f"dtype: expected torch.float8_e4m3fn or torch.float32, "
                                   f"got {dtype}")
     if v.check_backend(backend, codes.device) == "triton":
-        return _kernels().dequantize_nvfp4(codes, scales, dtype)
+        return triton_backend().dequantize_nvfp4(codes, scales, dtype)
     return ref.dequantize_nvfp4(codes, scales, dtype)
 
 
@@ -132,7 +132,7 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
     v.check_slot_mapping_values(slot_mapping, cache.shape[0])
     k = _fp32_if_double(k)
     if v.check_backend(backend, dev) == "triton":
-        return _kernels().write_index_k(cache, k, slot_mapping)
+        return triton_backend().write_index_k(cache, k, slot_mapping)
     codes, scales = ref.quantize_nvfp4(k)
     ref.write_tokens(cache, codes, scales, slot_mapping)
 
@@ -175,7 +175,7 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     k, k_norm_weight, cos_sin_cache = map(_fp32_if_double, (k, k_norm_weight, cos_sin_cache))
     rotary_dim, eps = int(rotary_dim), float(eps)  # numpy scalars -> Python (SPEC 11)
     if v.check_backend(backend, dev) == "triton":
-        return _kernels().insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
+        return triton_backend().insert_index_k(cache, k, positions, slot_mapping, k_norm_weight,
                                          cos_sin_cache, rotary_dim, eps)
     ref.insert_index_k(cache, k, positions, slot_mapping, k_norm_weight, cos_sin_cache,
                        rotary_dim, eps)
@@ -201,7 +201,7 @@ def prepare_index_q(q: torch.Tensor, positions: torch.Tensor, q_norm_weight: tor
     q, q_norm_weight, cos_sin_cache = map(_fp32_if_double, (q, q_norm_weight, cos_sin_cache))
     rotary_dim, eps = int(rotary_dim), float(eps)  # numpy scalars -> Python (SPEC 11)
     if v.check_backend(backend, q.device) == "triton":
-        return _kernels().prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
+        return triton_backend().prepare_index_q(q, positions, q_norm_weight, cos_sin_cache,
                                           rotary_dim, eps)
     return ref.prepare_index_q(q, positions, q_norm_weight, cos_sin_cache, rotary_dim, eps)
 
@@ -257,7 +257,7 @@ def gather_index_k_fp8(cache: torch.Tensor, block_table: torch.Tensor, seq_lens:
         v.fail("seq_lens", "values >= 0", f"min {int(seq_lens.min())}")
     v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
-        return _kernels().gather_index_k_fp8(cache, block_table, seq_lens)
+        return triton_backend().gather_index_k_fp8(cache, block_table, seq_lens)
     return ref.gather_index_k_fp8(cache, block_table, seq_lens)
 
 
@@ -288,7 +288,7 @@ def page_scores(index_q: torch.Tensor, cache: torch.Tensor, block_table: torch.T
     v.check_q_lens_fit(q_lens, seq_lens, "query_start_loc", padding=True)
     v.check_block_table(block_table, seq_lens, cache.shape[0])
     if v.check_backend(backend, dev) == "triton":
-        return _kernels().page_scores(index_q, cache, block_table, seq_lens,
+        return triton_backend().page_scores(index_q, cache, block_table, seq_lens,
                                       query_start_loc)
     return ref.page_scores(index_q, cache, block_table, seq_lens, query_start_loc)
 
@@ -330,7 +330,7 @@ def decode_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: torc
     if backend == "triton":
         if out is None:
             out = torch.empty((b * query_len, h, topk), dtype=torch.int32, device=dev)
-        _kernels().decode_indexer(index_q, cache, block_table, seq_lens, query_len, out)
+        triton_backend().decode_indexer(index_q, cache, block_table, seq_lens, query_len, out)
         return out
     result = ref.decode_indexer(index_q, cache, block_table, seq_lens, query_len, topk)
     return result if out is None else out.copy_(result)
@@ -399,7 +399,7 @@ def prefill_indexer(index_q: torch.Tensor, cache: torch.Tensor, block_table: tor
     if backend == "triton":
         if out is None:
             out = torch.empty((t, h, topk), dtype=torch.int32, device=dev)
-        _kernels().prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
+        triton_backend().prefill_indexer(index_q, cache, block_table, cu_seqlens_q, seq_lens,
                                    max_gather_pages, out,
                                    config=_prefill_config(allow_fp8_mma, dev))
         return out
@@ -550,7 +550,7 @@ class DecodeIndexerWrapper(PlannedDecodeBuffers):
         # Build (and, for graphs, compile) the Triton runner before touching any buffer: an
         # unsupported shape (Q * H > 64) raises here with the caller's buffers intact.
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
-            self._runner = _kernels().DecodeRunner(
+            self._runner = triton_backend().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 config=self.runner_config(), warmup=self.use_cuda_graph and dev.type == "cuda")
         self._copy_plan(block_table, seq_lens)
@@ -610,7 +610,7 @@ def _runner_config(allow_fp8_mma: bool, device: torch.device, backend: str):
     CUDA device with the Triton backend, else None (the defaults)."""
     if not allow_fp8_mma or device.type != "cuda" or backend != "triton":
         return None
-    kernels = _kernels()
+    kernels = triton_backend()
     from .triton.device import portable_default
     if portable_default(device):  # the interpreter: exact fp32 only
         return None
@@ -622,7 +622,7 @@ def _prefill_config(allow_fp8_mma: bool, device: torch.device):
     "fp8"`` when ``allow_fp8_mma`` where the Gluon prefill kernel's FP8 form runs), else None."""
     if not allow_fp8_mma:
         return None
-    return _kernels().prefill.fp8_config(device, allow_fp8_mma)
+    return triton_backend().prefill.fp8_config(device, allow_fp8_mma)
 
 
 def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,
@@ -637,7 +637,7 @@ def _check_score_buffer(buf, device, num_reqs: int, width: int, num_heads: int,
     if num_reqs == 0 or width == 0:
         return  # no runner: nothing is scored
     try:
-        kernels = _kernels()
+        kernels = triton_backend()
     except ModuleNotFoundError as e:  # no Triton: the size only matters to its backend
         if e.name != "triton":
             raise

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from . import validation as v
-from .api import DecodeIndexerWrapper, _kernels, max_gather_pages
+from .api import DecodeIndexerWrapper, max_gather_pages, triton_backend
 from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_BYTES, PAGE_SIZE, TOPK
 from .copy_graphs import CopyGraphs
 from .reference.paging import history_page_count, local_pages
@@ -402,7 +402,7 @@ class _HostPlannedDecodeWrapper(DecodeIndexerWrapper):
         self._check_query_len(query_len)
         if self.backend == "triton" and self._runner is None and b > 0 and w > 0:
             dev = self.block_table.device
-            self._runner = _kernels().DecodeRunner(
+            self._runner = triton_backend().DecodeRunner(
                 self.num_heads, b, w, query_len, dev, score_buffer=self.score_buffer,
                 config=self.runner_config(), warmup=self.use_cuda_graph and dev.type == "cuda")
         # Skipped when the caller passes the buffers themselves (in-place mode, Indexer).
@@ -645,7 +645,7 @@ class Indexer:
         c = self.config
         if self.backend != "triton":
             return 2
-        kernels = _kernels()
+        kernels = triton_backend()
         sms = kernels.device.num_sms(c.device)
         cfg = kernels.DecodeConfig(dot="fp8") if c.allow_fp8_mma and c.device.type == "cuda" \
             and not kernels.device.portable_default(c.device) else None

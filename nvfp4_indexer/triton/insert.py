@@ -22,11 +22,11 @@ from .config import InsertConfig, check_config
 from .numerics import gemma_rstd, norm_pow2_scale, nvfp4_quantize_halves_fused, nvfp4_quantize_pairs_fused, rope_combine, rope_freq, rope_partner
 from ..validation import check_eps
 from .device import launch_rows
-from .quantize import _written_rows, paged_token_bases, pair_dims, store_nvfp4_tokens
+from .quantize import written_rows, paged_token_bases, pair_dims, store_nvfp4_tokens
 
 
 @triton.jit
-def _norm_rope_inputs(x_row, w_ptr, cs_row, cs_stride1, m, d, ROT: tl.constexpr):
+def norm_rope_inputs(x_row, w_ptr, cs_row, cs_stride1, m, d, ROT: tl.constexpr):
     """Loads for the dims ``d`` of a tile: (x_d, x_partner, 1 + w_d, 1 + w_partner, cos, sin),
     all fp32; ``x_row`` / ``cs_row`` are per-token pointers broadcastable to ``d``."""
     H: tl.constexpr = ROT // 2
@@ -158,9 +158,9 @@ def _insert_index_k_kernel(x_ptr, x_row_stride, n_rows, pos_ptr, w_ptr, cs_ptr, 
         cs_row = cs_ptr + (pos * cs_stride0)[:, None, None]
         de = pair_dims()  # [1, 8, 8] even dims; odd dims are de + 1
         do = de + 1
-        xe, xe_p, we, we_p, ce, se = _norm_rope_inputs(x_row, w_ptr, cs_row, cs_stride1, m, de,
+        xe, xe_p, we, we_p, ce, se = norm_rope_inputs(x_row, w_ptr, cs_row, cs_stride1, m, de,
                                                        ROT)
-        xo, xo_p, wo, wo_p, co, so = _norm_rope_inputs(x_row, w_ptr, cs_row, cs_stride1, m, do,
+        xo, xo_p, wo, wo_p, co, so = norm_rope_inputs(x_row, w_ptr, cs_row, cs_stride1, m, do,
                                                        ROT)
         # Gemma RMSNorm in fp32 on the row pre-scaled by an exact power of two.
         amax = tl.maximum(tl.max(tl.max(tl.abs(xe), axis=2), axis=1),
@@ -202,7 +202,7 @@ def insert_index_k(cache: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     cfg = check_config("config", config, InsertConfig)
     eps = check_eps(eps)
     rotary_dim = int(rotary_dim)
-    k2 = _written_rows(k, cache)
+    k2 = written_rows(k, cache)
     if k2 is None:
         return
     t = k2.shape[0]

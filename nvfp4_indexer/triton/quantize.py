@@ -82,7 +82,7 @@ def _quantize_nvfp4_kernel(x_ptr, x_row_stride, n_rows, codes_ptr, scales_ptr, s
                        PAGED)
 
 
-def _written_rows(k: torch.Tensor, cache: torch.Tensor) -> torch.Tensor | None:
+def written_rows(k: torch.Tensor, cache: torch.Tensor) -> torch.Tensor | None:
     """Keys ``k [T, 128]`` of a paged write as unit-stride rows (``_rows_view``), or None when
     nothing is written: no token, or a cache without blocks (every slot is then negative;
     the API validates that)."""
@@ -133,7 +133,7 @@ def write_index_k(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tens
     duplicates). Writes exactly 72 bytes per written token; page padding is never touched.
     """
     assert SCALES_OFFSET == 8192 and PAGE_SIZE == 128  # baked into store_nvfp4_tokens
-    k2 = _written_rows(k, cache)
+    k2 = written_rows(k, cache)
     if k2 is not None:
         t = k2.shape[0]
         bt = rows_per_program(t)

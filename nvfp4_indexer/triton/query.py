@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..constants import HEAD_DIM
-from .insert import _norm_rope_inputs
+from .insert import norm_rope_inputs
 from .layout import HEAD
 from .numerics import e4m3_encode_bits, gemma_rstd, norm_pow2_scale, rope_combine
 from ..validation import check_eps
@@ -33,7 +33,7 @@ def _prepare_index_q_kernel(q_ptr, q_stride_t, q_stride_h, num_heads, n_rows, po
     q_row = q_ptr + (tok * q_stride_t + head * q_stride_h)[:, None]
     cs_row = cs_ptr + (pos * cs_stride0)[:, None]
     d = tl.arange(0, HEAD)[None, :]
-    x_d, x_p, w1_d, w1_p, cos, sin = _norm_rope_inputs(q_row, w_ptr, cs_row, cs_stride1, m, d,
+    x_d, x_p, w1_d, w1_p, cos, sin = norm_rope_inputs(q_row, w_ptr, cs_row, cs_stride1, m, d,
                                                        ROT)
     scale = norm_pow2_scale(tl.max(tl.abs(x_d), axis=1))  # [BR], exact power of two
     sc = scale[:, None]
