@@ -271,3 +271,53 @@ def test_runner_runs_the_plan_of_its_device():
     want = dsp.plan_decode(2, 3, 300, 2, None, capability=capability(torch.device(DEV)),
                            num_sms=num_sms(DEV))
     assert runner.plan == want
+
+
+def _constexpr_params(kernel) -> tuple[set, set]:
+    """(every parameter, the constexpr parameters without a default) of a jit kernel."""
+    import inspect
+    params = inspect.signature(getattr(kernel, "fn", kernel)).parameters
+    required = {n for n, p in params.items()
+                if "constexpr" in str(p.annotation) and p.default is p.empty}
+    return set(params), required
+
+
+@pytest.mark.parametrize("dot", ["fp16", "fp8"])
+def test_plans_bind_to_their_kernels(dot):
+    """Every launch a plan names (score, select, merge; SM90, SM89 and SM100 plans over a grid of
+    shapes and forced dequant modes) passes only constexprs its kernel declares and every
+    constexpr it needs: a mismatch would only show at launch on a GPU."""
+    pytest.importorskip("triton.experimental.gluon")
+    from nvfp4_indexer.triton.decode import page_scores, runner
+    from nvfp4_indexer.triton.decode import mma, redux, wgflat, wgmma
+    score = {"mma": (mma.mma_score_kernel, {"CL", "MMA", "QL", "SCL"}),
+             "wgflat": (wgflat.wgflat_score_kernel, {"CL", "MMA", "QL", "SCL", "B_SL"}),
+             "wgmma": (wgmma.wgmma_score_kernel, {"CL", "MMA", "QL", "B_SL"}),
+             "lut": (page_scores.lut_score_kernel, set())}
+    merge = {"redux_merge": redux.redux_merge_kernel, "split_merge": runner.decode_merge_kernel}
+    checked = set()
+    for cap, h, q, b, w, dq in [(cap, h, q, b, w, dq)
+                                for cap in ((9, 0), (8, 9), (10, 0))
+                                for h in (1, 4, 8) for q in (1, 2, 8) for b in (1, 8, 256)
+                                for w in (17, 100, 3000)
+                                for dq in (None, "lut", "mma", "wgflat", "wgmma")
+                                if q * h <= 64]:
+        try:
+            plan = dsp.plan_decode(h, b, w, q, DecodeConfig(dot=dot, dequant=dq),
+                                   capability=cap, num_sms=132)
+        except ValueError:  # a mode this device or shape cannot run
+            continue
+        launches = []
+        if plan.page_scores:
+            kernel, layouts = score[plan.dequant]
+            launches.append((kernel, set(plan.score.constexprs) | layouts))
+            launches.append((page_scores.select_kernel(plan.select.kernel),
+                             set(plan.select.constexprs) | {"Q", "H", "N"}))
+        if plan.merge is not None:
+            launches.append((merge[plan.merge.kernel], set(plan.merge.constexprs)))
+        for kernel, given in launches:
+            names, required = _constexpr_params(kernel)
+            assert given <= names, (plan.dequant, kernel, given - names)
+            assert required <= given, (plan.dequant, kernel, required - given)
+            checked.add(getattr(kernel, "__name__", str(kernel)))
+    assert len(checked) >= 7, checked
