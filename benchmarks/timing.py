@@ -271,7 +271,7 @@ def copy_ceiling(device: torch.device, nbytes: int | None = None) -> dict:
     GB/s = 2 * nbytes (read + written) / median time.
 
     CUDA: timed twice, captured in a CUDA graph and eagerly with events; the ceiling is the
-    faster of the two. On an H200 (2026-11-30) the graph-captured copy becomes a memcpy node
+    faster of the two. On an H200 the graph-captured copy becomes a memcpy node
     that ran at 2.76 TB/s while the same ``copy_`` launched eagerly ran at 4.1-4.3 TB/s (five
     runs), so a graph-only ceiling would flatter every ratio by 1.5x. CPU: perf_counter.
     """
@@ -304,7 +304,7 @@ def stream_ceilings(device: torch.device, nbytes: int | None = None) -> dict:
     """Read-only and write-only DRAM bandwidth over a float32 buffer of ``nbytes`` bytes
     (2 GiB on CUDA, 1 MiB on CPU): read = ``x.sum()`` of uniform random values, write =
     ``y.fill_(1.5)``, each GB/s = ``nbytes`` / median time, timed as ``copy_ceiling`` (faster
-    of graph and eager). On an H200 (2026-11-30) read ran at 4204 GB/s and write at 4564 GB/s
+    of graph and eager). On an H200 read ran at 4204 GB/s and write at 4564 GB/s
     against a 4139-4249 GB/s copy, so kernels that mostly write can beat "100 % of copy".
 
     Returns:

@@ -1,6 +1,7 @@
 """Engine-facing indexer (SPEC 8.1): one planner and one forward per step for mixed batches.
 
-The seed's metadata builder and impl as one object an engine keeps for its indexer layers::
+The metadata builder and impl of the original design (``docs/spec/seed/indexer_nvfp4.txt``)
+as one object an engine keeps for its indexer layers::
 
     indexer = Indexer(IndexerConfig(num_heads, max_model_len, max_num_batched_tokens,
                                     max_num_seqs, max_decode_query_len=4,
@@ -124,8 +125,8 @@ class IndexerConfig:
             backend of a CUDA SM90 GPU with Gluon, prefill chunks in dot mode "fp8" (the
             Gluon prefill kernel's E4M3 form; ``prefill_indexer``'s ``allow_fp8_mma``; also
             with ``context_parallel_group``, which concerns decode only).
-        topk / init_blocks / local_blocks / block_size / head_dim / score_type: the seed's
-            indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
+        topk / init_blocks / local_blocks / block_size / head_dim / score_type: the original
+            design's indexer settings; only 16 / 0 / 1 / 128 / 128 / "max" are supported.
     Raises:
         ValueError: a non-positive size or one past int32 (2**31 - 1), bad batch sizes, a
         device that does not exist, ``allow_fp8_mma`` not a bool. TypeError:

@@ -16,7 +16,7 @@ the current code reads them through ``driver.active`` once, the old one through
 Cases: 12 runtime arguments (7 tensors, 5 ints: a decode scorer's size) and the select
 kernel's (4 arguments, 3 tensors).
 
-    python -m benchmarks.labs.launch_key_cpu [--against 5dc0100] [--repeat 15] [--number 20000]
+    python -m benchmarks.labs.launch_key_cpu [--against HEAD] [--repeat 15] [--number 20000]
 
 ``--against ''`` times the current code only.
 """
@@ -40,7 +40,7 @@ from nvfp4_indexer.triton import launcher as current
 from .cli import lab_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-BEFORE = "5dc0100"  # the launcher before the typed key
+BEFORE = "HEAD"  # the committed launcher: time an edit of it against the last commit
 
 
 @triton.jit

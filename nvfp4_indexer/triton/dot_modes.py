@@ -26,7 +26,7 @@ E4M3 values is exact in fp32 and inside 16-bit MMAs, so only the accumulation of
   significand (Fasi et al. 2021 for V100/A100; Hopper assumed no worse). Each addend then errs
   by < 2^-23 * M (M <= sum|x_i| bounds every partial sum and addend); with k = 8 products per
   step: 128 products + 16 accumulator terms + 16 normalizations = 160 error terms
-  < 2^-15.68 * sum|x_i|: b = 15 (one bit below the brief's 16, which assumed rounding).
+  < 2^-15.68 * sum|x_i|: b = 15 (one bit below the 16 a rounding accumulator would give).
 - "fp8" (SM90 fp8 MMA): the accumulator keeps 13 fraction bits (e8m13, truncating; reported by
   the DeepSeek-V3 paper and public measurements). Worst-case model: every one of the 128
   products plus 4 accumulator steps truncated at 13 fraction bits relative to the running
