@@ -35,7 +35,6 @@ import triton.language as tl  # noqa: E402
 
 import nvfp4_indexer as ni  # noqa: E402
 from nvfp4_indexer import reference as ref  # noqa: E402
-from nvfp4_indexer.triton import heuristics as HZ  # noqa: E402  (host rules: no kernels)
 from nvfp4_indexer.triton.prefill.dispatch import TOKENS_ON_N_DOTS  # noqa: E402
 
 from nvfp4_indexer.conformance.fixtures import selection_out  # noqa: E402
@@ -131,21 +130,6 @@ def test_page_operands_bit_exact(dot):
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     keep = ~torch.isnan(want)
     assert torch.equal(got[keep].view(torch.int32), want[keep].view(torch.int32))
-
-
-# -------------------------------------------------------------------------- launch shape rules
-
-def test_merge_config_rows_per_program():
-    """``heuristics.merge_config``: where the merge sorts (``merge_sorts``: 16-64 columns)
-    one warp holds ``MERGE_SORT_KEYS_PER_WARP`` keys; the rounds keep one row per program.
-    (The kernel at these rows: ``test_prefill_merge_sort_equals_rounds``.)"""
-    assert HZ.merge_config(2, 16, sort=True) == (8, 1)
-    assert HZ.merge_config(3, 16, sort=True) == (4, 1)  # 4 x 16 columns
-    assert HZ.merge_config(2, 8, sort=True) == (16, 1)
-    assert HZ.merge_config(8, 16, sort=True) == (1, 1)  # 128 columns: the rounds
-    assert HZ.merge_config(2, 4, sort=True) == (1, 1)  # 8 columns: the rounds
-    assert HZ.merge_config(2, 16) == (1, 1)
-    assert not HZ.merge_sorts(HZ.MERGE_SORT_MAX_COLUMNS * 2, True)
 
 
 # ---------------------------------------------------------------------------------- page scores
