@@ -24,11 +24,9 @@ import torch
 
 from kernel_harness import (  # noqa: F401  (sets TRITON_INTERPRET before the kernels)
     BITS, DECODE, DEV, EMPTY, HAS_CUDA, PAD_STRIDE, PREFILL, SCORES, Batch, assert_guards,
-    assert_unchanged, cache_storage, cache_to_device, check_scores, check_selection, decode_qsl,
-    empty_topk, load_candidates, local_pages, nvfp4_page_operands, pack_candidate,
-    poisoned_out, prefill_batch, random_q, realistic_lens, rows_request_of, snapshot,
-    store_candidates,
-    topk_insert, write_selection)
+    cache_storage, cache_to_device, check_scores, check_selection, decode_qsl, empty_topk,
+    load_candidates, local_pages, nvfp4_page_operands, pack_candidate, poisoned_out,
+    prefill_batch, random_q, realistic_lens, store_candidates, topk_insert, write_selection)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
