@@ -84,8 +84,8 @@ def build_parser(prog: str = MODULE_CMD) -> argparse.ArgumentParser:
     _common(run)
     prof = run.add_mutually_exclusive_group()
     prof.add_argument("--smoke", dest="profile", action="store_const", const="smoke",
-                      help="CI sizes (about 20 s on 2 cores; about 70 s with --backend triton "
-                           "--interpret)")
+                      help="CI sizes (about 20 s on 2 cores with the reference; the Triton "
+                           "interpreter only with --backend triton --interpret, about 70 s)")
     prof.add_argument("--full", dest="profile", action="store_const", const="full",
                       help="GPU sizes: contexts up to 128K tokens, batches up to 64")
     prof.add_argument("--profile", dest="profile", choices=("smoke", "default", "full"))
