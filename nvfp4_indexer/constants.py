@@ -3,6 +3,7 @@
 PAGE_SIZE = 128  # tokens per page (= block)
 HEAD_DIM = 128  # index head dimension
 TOPK = 16  # selected pages per query row: 15 history + the local page
+SHORT_MAX_LOCAL = TOPK - 1  # rows whose local page L is at most this need no scores (SPEC 5)
 GROUP_SIZE = 16  # values per E4M3 block scale (SPEC 1.3)
 NUM_GROUPS = HEAD_DIM // GROUP_SIZE  # 8 scales per token
 CODE_BYTES = HEAD_DIM // 2  # 64 bytes of packed E2M1 codes per token

@@ -63,7 +63,7 @@ import torch
 
 from . import validation as v
 from .api import DecodeIndexerWrapper, max_gather_pages, triton_backend
-from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_BYTES, PAGE_SIZE, TOPK
+from .constants import HEAD_DIM, MAX_QUERY_LEN, PAGE_BYTES, PAGE_SIZE, SHORT_MAX_LOCAL, TOPK
 from .copy_graphs import CopyGraphs
 from .reference.paging import history_page_count, local_pages
 from .reference.prefill import plan_chunks
@@ -628,6 +628,7 @@ class Indexer:
         launcher (page counts), the workspace's byte view and the SM count."""
         from .triton.device import device_guard, num_sms
         from .triton.prefill import fp8_config, gather_launcher, resolve_prefill
+        from .triton.prefill.dispatch import prefill_block_m
         dev = self.device
         self._num_sms = num_sms(dev)
         self._settings = resolve_prefill(dev, fp8_config(dev, self.config.allow_fp8_mma))
@@ -635,6 +636,7 @@ class Indexer:
         self._ws8 = self.workspace.view(torch.uint8)
         self._device_guard = device_guard
         self._score_elems = self.score_buffer.numel()
+        self._prefill_block_m = prefill_block_m  # no import on the plan path (host time)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -1048,8 +1050,7 @@ class Indexer:
                           "block_table": bt_all[a:b]}
                 chunks.append(ch)
             return chunks
-        from .triton.heuristics import SHORT_MAX_LOCAL
-        from .triton.prefill.dispatch import prefill_block_m
+        prefill_block_m = self._prefill_block_m
         h = self.config.num_heads
         st = self._staging[self._slot]
         host = st.host_np

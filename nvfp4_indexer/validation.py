@@ -184,6 +184,12 @@ def _first_line(e: BaseException) -> str:
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """``[first, end)`` addresses of the bytes ``t``'s elements occupy (strides are never
     negative in torch); ``(0, 0)`` for an empty tensor."""
+    if t.is_contiguous():  # the common case, without walking shape and strides (host time)
+        n = t.nbytes
+        if n == 0:
+            return 0, 0
+        lo = t.data_ptr()
+        return lo, lo + n
     if t.numel() == 0:
         return 0, 0
     lo = t.data_ptr()

@@ -17,7 +17,6 @@ MIN_BLOCK_M = 16  # smallest BLOCK_M of a row-block scorer (tl.dot's smallest M)
 WINDOW = 64  # pages whose scores are buffered before one top-k merge
 MIN_WINDOW_PAGES = 32  # splits shorter than this insert each page's candidate directly
 MAX_WINDOW_ELEMS = 4096  # window * BLOCK_M bound of the window scratch
-SHORT_MAX_LOCAL = 15  # rows with L <= 15 need no scores (SPEC 5)
 
 # -- merge ----------------------------------------------------------------------------------
 # keys per one-warp program of the sorting merge (``merge_config``: 8 rows of 2 splits x 16, 4

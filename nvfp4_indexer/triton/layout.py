@@ -23,9 +23,6 @@ WS_PAGE = tl.constexpr(C.PAGE_SIZE * C.HEAD_DIM)  # bytes of an FP8 workspace pa
 TOPK = tl.constexpr(C.TOPK)  # output slots per query row
 HISTORY = tl.constexpr(C.TOPK - 1)  # history slots per row: rows with L <= 15 are short
 
-# Host twin of ``HISTORY`` for launchers: a row whose local page is at most this is short.
-SHORT_MAX_LOCAL = C.TOPK - 1
-
 
 @triton.jit
 def num_history_pages(seq_len):

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...constants import TOPK
+from ...constants import SHORT_MAX_LOCAL, TOPK
 from ..config import KERNEL_DEQUANT_MODES, PAGE_SCORE_MODES, DecodeConfig, check_config
 from ..dot_modes import pick_dot
-from ..heuristics import (MAX_WINDOW_ELEMS, MIN_PAGES_PER_SPLIT, SHORT_MAX_LOCAL, block_rows,
+from ..heuristics import (MAX_WINDOW_ELEMS, MIN_PAGES_PER_SPLIT, block_rows,
                           candidate_elems, cdiv, choose_window, keep_for_pages, merge_config,
                           next_pow2, split_rule, window_elems)
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...constants import PAGE_SIZE, TOPK
+from ...constants import PAGE_SIZE, SHORT_MAX_LOCAL, TOPK
 from ...reference.paging import history_page_count
 from ..device import interpreting, num_sms, wgmma_available
-from ..heuristics import (MIN_BLOCK_M, MIN_PAGES_PER_SPLIT, SHORT_MAX_LOCAL,
-                          split_rule, candidate_elems, cdiv, choose_window, keep_for_pages,
-                          next_pow2, window_elems)
+from ..heuristics import (MIN_BLOCK_M, MIN_PAGES_PER_SPLIT, candidate_elems, cdiv,
+                          choose_window, keep_for_pages, next_pow2, split_rule, window_elems)
 
 # -- prefill score kernels -------------------------------------------------------------------
 PREFILL_MAX_BLOCK_M = 128  # (token, head) rows per prefill score program

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...constants import HEAD_DIM, PAGE_SIZE
+from ...constants import HEAD_DIM, PAGE_SIZE, SHORT_MAX_LOCAL
 from ...reference.prefill import plan_chunks
 from ...validation import check_int
 from ..config import PrefillConfig, check_config
 from ..device import device_guard, num_sms
 from ..dot_modes import resolve_dot
-from ..heuristics import MAX_WINDOW_ELEMS, SHORT_MAX_LOCAL, cdiv, merge_config, next_pow2
+from ..heuristics import MAX_WINDOW_ELEMS, cdiv, merge_config, next_pow2
 from ..launcher import CachedLaunch
 from .dispatch import (TOKENS_ON_N_DOTS, gather_pages_needed, plan_row_blocks,
                        prefill_block_m, prefill_launch, prefill_wgmma_ok)
