@@ -2,7 +2,8 @@
 
 Suites: decode-full (28 weighted cases), decode-lowlat (12), decode-variants (Q = 1, H = 1, 2),
 prefill (18), gather (the prefill cases' pages), insert (16K tokens into a 1M-token cache),
-engine (``Indexer.plan`` / ``forward`` per step of a continuous-batching trace).
+engine (``Indexer.plan`` / ``forward`` per step of a continuous-batching trace),
+decode-engine-width (decode cases with 8192-page block tables against their natural width).
 Each run measures its own ceilings (device-to-device copy, cuBLAS FP8 matmul), times CUDA-graph
 replays over cold-cache rotated page sets, compares once against the PyTorch reference, and
 writes JSON, Markdown tables and a roofline PNG. ``--cpu-smoke`` runs every code path on CPU

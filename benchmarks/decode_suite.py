@@ -1,4 +1,4 @@
-"""Decode suites (decode-full, decode-lowlat, decode-variants): the public
+"""Decode suites (decode-full, decode-lowlat, decode-variants, decode-engine-width): the public
 ``DecodeIndexerWrapper``, ``plan()`` outside, ``run()`` captured in CUDA graphs, one wrapper per
 rotation slot (``suites`` runs them)."""
 
@@ -29,12 +29,17 @@ def _shared_score_buffer(ctx: Context, b: int, width: int, h: int, q_len: int):
 
 
 def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
-    dev, cache = ctx.device, ctx.pool.cache
+    """One decode case: inputs, the first call checked against the reference, then timed.
+    An engine-width case (``case.width``) is timed at that block-table width and again on
+    the same pages at the contexts' natural width (``natural_us``; ``over_natural`` =
+    us / natural_us: what the wide table costs; ``natural_equal``: both outputs equal)."""
+    dev = ctx.device
     sl = case.seq_lens()
     b, q_len, h = case.batch, case.query_len, case.num_heads
     tr = wl.decode_traffic(sl, q_len, h)
+    natural = case.natural_width()
+    width = case.width or natural
     need = sum(wl.pages_needed(s) for s in sl)
-    width = max(wl.pages_needed(s) for s in sl)
     slots = rotation_slots(tr.pages_bytes, ctx.l2_bytes, ctx.graph_calls,
                            max_slots=ctx.pool.num_pages // need)
     reuse = (slots - 1) * tr.pages_bytes
@@ -48,6 +53,30 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
     tables = ctx.pool.block_tables(sl, slots, width)
     seq = torch.tensor(sl, dtype=torch.int32, device=dev)
     q = random_index_q(b * q_len, h, dev, ctx.gen(case.name))
+    t, out0 = _run_tables(ctx, case, q, seq, tables, rec)
+    rec = finish(ctx, rec, t, tr.bytes_moved, tr.flops)
+    rec["flag_big_under_75"] = bool(case.suite == "decode-full"
+                                    and tr.pages_bytes >= wl.FLAG_PAGES_BYTES
+                                    and rec["copy_ratio"] is not None
+                                    and rec["copy_ratio"] < wl.TARGET_DECODE_BIG_CASE)
+    if width != natural:  # the same pages in tables of the natural width
+        narrow = [bt[:, :natural].contiguous() for bt in tables]
+        tn, out_n = _run_tables(ctx, case, q, seq, narrow, {}, flops=None)
+        rec["natural_width"] = natural
+        rec["natural_us"] = tn.us
+        rec["over_natural"] = t.us / tn.us if tn.us else None
+        rec["natural_equal"] = bool(torch.equal(out_n, out0))
+    return rec
+
+
+def _run_tables(ctx: Context, case: wl.DecodeCase, q: torch.Tensor, seq: torch.Tensor,
+                tables: list[torch.Tensor], rec: dict, flops: float | None = 0.0):
+    """One wrapper per block table (rotation slot) on queries ``q``: the first call's output
+    (checked against the reference unless ``flops`` is None), then the timing of the
+    captured calls. Returns ``(timing.Timing, the first call's output)``."""
+    dev, cache = ctx.device, ctx.pool.cache
+    b, q_len, h = case.batch, case.query_len, case.num_heads
+    width = tables[0].shape[1]
     out = torch.full((b * q_len, h, TOPK), POISON, dtype=torch.int32, device=dev)
     sb = _shared_score_buffer(ctx, b, width, h, q_len)
     rec["shared_score_buffer_elems"] = None if sb is None else sb.numel()
@@ -60,9 +89,14 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
         wrappers.append(w)
     wrappers[0].run(q, cache, out)
     sync(dev)
-    compare_rows(ctx, rec, out, tr.flops, tr.pages_bytes,
-                 lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len, backend="reference"),
-                 single=case.suite == "decode-variants")
+    if flops is None:
+        out0 = out.clone()
+    else:
+        tr = wl.decode_traffic(seq.tolist(), q_len, h)
+        out0 = compare_rows(
+            ctx, rec, out, tr.flops, tr.pages_bytes,
+            lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len, backend="reference"),
+            single=case.suite not in ("decode-full", "decode-lowlat"))
     calls = [lambda w=w: w.run(q, cache, out) for w in wrappers]
     t = ctx.time_capturable(calls)
     if t.method == "cuda-graph":
@@ -72,9 +106,4 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
         wrappers[-1].run(q, cache, check)
         sync(dev)
         rec["graph_replay_equals_eager"] = bool(torch.equal(check, out))
-    rec = finish(ctx, rec, t, tr.bytes_moved, tr.flops)
-    rec["flag_big_under_75"] = bool(case.suite == "decode-full"
-                                    and tr.pages_bytes >= wl.FLAG_PAGES_BYTES
-                                    and rec["copy_ratio"] is not None
-                                    and rec["copy_ratio"] < wl.TARGET_DECODE_BIG_CASE)
-    return rec
+    return t, out0

@@ -85,6 +85,18 @@ DECODE_COLS: list[tuple[str, Callable]] = [
     *REF_COLS,
     ("note", _decode_note),
 ]
+ENGINE_WIDTH_COLS: list[tuple[str, Callable]] = [
+    CASE_COL,
+    *_plain(("B", "batch"), ("S", "nominal"), ("W", "width"), ("natural W", "natural_width")),
+    PAGES_MB_COL,
+    ("us/call", lambda r: _f(r["us"], "{:.2f}")),
+    ("natural us", lambda r: _f(r.get("natural_us"), "{:.2f}")),
+    ("wide/natural", lambda r: _f(r.get("over_natural"), "{:.2f}")),
+    COPY_COL,
+    ("same output", lambda r: "-" if r.get("natural_equal") is None
+     else str(r["natural_equal"])),
+    *REF_COLS,
+]
 PREFILL_COLS = [
     CASE_COL,
     *_plain(("new", "new_tokens"), ("ctx", "context"), ("R", "num_reqs")),
@@ -142,7 +154,8 @@ ENGINE_COLS = [
 
 SUITE_COLS = {"decode-full": DECODE_COLS, "decode-lowlat": DECODE_COLS,
               "decode-variants": DECODE_COLS, "prefill": PREFILL_COLS,
-              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": ENGINE_COLS}
+              "gather": GATHER_COLS, "insert": INSERT_COLS, "engine": ENGINE_COLS,
+              "decode-engine-width": ENGINE_WIDTH_COLS}
 TITLES = {
     "decode-full": "Decode, full suite (Q8KV4 + fused top-k; 28 weighted cases)",
     "decode-lowlat": "Decode, low-latency suite (graph-replay latency per call)",
@@ -151,6 +164,8 @@ TITLES = {
     "gather": "Gather: NVFP4 pages -> FP8 workspace",
     "insert": "Insert: fused norm + RoPE + NVFP4 quantize + paged write",
     "engine": "Engine steps: Indexer.plan host time + forward device time (SPEC 8.1)",
+    "decode-engine-width": "Decode with engine-width block tables (max_model_len 1M = 8192 "
+                           "pages) against the same contexts at their natural width",
 }
 
 
@@ -300,7 +315,8 @@ def write_json(results: dict, path: Path) -> None:
 
 _STYLE = {"decode-full": ("o", "tab:blue"), "decode-lowlat": ("v", "tab:cyan"),
           "decode-variants": ("D", "tab:purple"), "prefill": ("s", "tab:red"),
-          "gather": ("^", "tab:green"), "insert": ("P", "tab:orange")}
+          "gather": ("^", "tab:green"), "insert": ("P", "tab:orange"),
+          "decode-engine-width": ("x", "tab:gray")}
 
 
 def roofline(results: dict, path: Path) -> Path:

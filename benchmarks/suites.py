@@ -2,8 +2,10 @@
 case (the JSON schema is documented in docs/performance.md).
 
 Paths timed (GPU):
-- decode-full / decode-lowlat / decode-variants: the public ``DecodeIndexerWrapper``
-  (``plan()`` outside, ``run()`` captured in CUDA graphs), one wrapper per rotation slot.
+- decode-full / decode-lowlat / decode-variants / decode-engine-width: the public
+  ``DecodeIndexerWrapper`` (``plan()`` outside, ``run()`` captured in CUDA graphs), one
+  wrapper per rotation slot; decode-engine-width times block tables 8192 pages wide (an
+  engine's ``max_model_len`` of 1M tokens) and the same contexts at their natural width.
 - prefill: the Triton entry point the public API dispatches to
   (``nvfp4_indexer.triton.prefill.prefill_indexer``), timed eagerly with an L2 flush before
   each call (it plans on the host from device values, so it cannot be captured); the public
@@ -50,6 +52,9 @@ TARGET_COPY_GATHER_INSERT = 0.80
 TARGET_ENGINE_DECODE_PLAN_US = 30.0
 TARGET_ENGINE_MIXED_PLAN_US = 100.0
 TARGET_ENGINE_MIXED_OVER_KERNELS = 1.10
+# Engine-width decode: a block table as wide as max_model_len costs at most this over the
+# same contexts at their natural width
+TARGET_ENGINE_WIDTH_OVER_NATURAL = 1.05
 
 # ---------------------------------------------------------------------------------------------
 # Suites
@@ -154,6 +159,15 @@ def summarize(suite: str, recs: list[dict], ctx: Context, expected: int) -> dict
             s["target_case"] = TARGET_LOWLAT_CASE
             s["target_case_us"] = tgt["us"]
             s["target_le_6us"] = tgt["us"] <= TARGET_LOWLAT_US
+    elif suite == "decode-engine-width":
+        over = [r["over_natural"] for r in ok if r.get("over_natural")]
+        s["us"] = {r["name"]: r["us"] for r in ok}
+        if over:
+            worst = max((r for r in ok if r.get("over_natural")),
+                        key=lambda r: r["over_natural"])
+            s["over_natural_max"], s["worst_case"] = worst["over_natural"], worst["name"]
+            s["within_5pct"] = sum(x <= TARGET_ENGINE_WIDTH_OVER_NATURAL for x in over)
+            s["cases_compared"] = len(over)
     elif suite == "prefill":
         ratios = [r["matmul_ratio"] for r in ok if r.get("matmul_ratio") is not None]
         if ratios:
@@ -194,10 +208,11 @@ def summarize(suite: str, recs: list[dict], ctx: Context, expected: int) -> dict
 
 
 SUITE_ORDER = ("decode-full", "decode-lowlat", "prefill", "gather", "insert", "decode-variants",
-               "engine")
+               "engine", "decode-engine-width")
 
 
 SUITE_FUNCS = {"decode-full": decode_case, "decode-lowlat": decode_case,
+               "decode-engine-width": decode_case,
                "decode-variants": decode_case, "prefill": prefill_case,
                "gather": gather_case, "insert": insert_case, "engine": engine_case}
 
@@ -209,7 +224,7 @@ def suite_cases(suite: str, *, quick: bool, smoke: bool) -> list:
     cases = {"decode-full": wl.full_cases, "decode-lowlat": wl.lowlat_cases,
              "decode-variants": wl.variant_cases, "prefill": wl.prefill_cases,
              "gather": wl.prefill_cases, "insert": wl.insert_cases,
-             "engine": wl.engine_cases}[suite]()
+             "engine": wl.engine_cases, "decode-engine-width": wl.engine_width_cases}[suite]()
     return wl.quick_filter(cases, suite) if quick else cases
 
 

@@ -42,6 +42,11 @@ LOWLAT_BATCHES = (1, 2, 4)
 LOWLAT_SEQ_LENS = (1_000, 4_000, 8_000, 32_000)
 # Decode variants of WORKLOADS.md "Also report Q = 1 and H = 1, 2": (query_len, heads).
 VARIANTS = ((1, 4), (8, 1), (8, 2))
+# Engine-width decode: block tables as wide as an engine passes them, max_model_len = 1M
+# tokens (8192 pages), for the live contexts of these (batch, nominal) cases
+ENGINE_WIDTH = (1 << 20) // PAGE_SIZE
+ENGINE_WIDTH_CASES = ((1, 1_000), (1, 32_000), (4, 32_000), (8, 4_000), (8, 10_000),
+                      (8, 100_000), (32, 4_000), (128, 1_000), (128, 10_000), (128, 100_000))
 
 PREFILL_NEW_TOKENS = (1_024, 4_096, 16_384)
 PREFILL_CONTEXTS = (0, 32_768, 131_072)
@@ -110,7 +115,9 @@ class _NamedCase:
 
 @dataclass(frozen=True)
 class DecodeCase(_NamedCase):
-    """One uniform decode batch: B requests, Q queries each, H index heads."""
+    """One uniform decode batch: B requests, Q queries each, H index heads; ``width``: the
+    block-table width in pages (0: the case's own, ceil(max seq len / 128); else named with a
+    ``_w{width}`` suffix)."""
 
     NAME = "b{batch}_s{nominal}_q{query_len}_h{num_heads}"
 
@@ -120,6 +127,16 @@ class DecodeCase(_NamedCase):
     query_len: int = DECODE_QUERY_LEN
     num_heads: int = DECODE_HEADS
     weight: int = 0
+    width: int = 0
+
+    @property
+    def name(self) -> str:
+        base = self.NAME.format(**vars(self))
+        return f"{base}_w{self.width}" if self.width else base
+
+    def natural_width(self) -> int:
+        """The block-table width the case's contexts need: ceil(max seq len / 128)."""
+        return max(pages_needed(s) for s in self.seq_lens())
 
     def seq_lens(self) -> list[int]:
         return make_seq_lens(self.batch, self.nominal, self.query_len)
@@ -317,6 +334,12 @@ def variant_cases() -> list[DecodeCase]:
     return [c for q, h in VARIANTS for c in full_cases(q, h, "decode-variants")]
 
 
+def engine_width_cases() -> list[DecodeCase]:
+    """``ENGINE_WIDTH_CASES`` (Q = 8, H = 4) with block tables ``ENGINE_WIDTH`` pages wide."""
+    return [DecodeCase("decode-engine-width", b, s, width=ENGINE_WIDTH)
+            for b, s in ENGINE_WIDTH_CASES]
+
+
 def prefill_cases() -> list[PrefillCase]:
     """18 prefill cases: new tokens x cached context x (1 or 4 requests), H = 4."""
     return [PrefillCase(n, c, r) for n in PREFILL_NEW_TOKENS for c in PREFILL_CONTEXTS
@@ -333,6 +356,7 @@ QUICK_FULL = {(8, 1_000), (128, 1_000), (8, 100_000), (128, 100_000), (8, 200_00
               (128, 200_000)}
 QUICK_LOWLAT = {(1, 1_000), (4, 1_000), (1, 32_000), (4, 32_000)}
 QUICK_VARIANT = {(32, 10_000), (128, 100_000)}
+QUICK_ENGINE_WIDTH = {(1, 32_000), (8, 4_000), (128, 1_000), (8, 100_000)}
 QUICK_PREFILL = {(1_024, 0, 1), (1_024, 131_072, 1), (16_384, 0, 1), (16_384, 131_072, 1),
                  (16_384, 131_072, 4)}
 
@@ -345,6 +369,8 @@ def quick_filter(cases: list, suite: str) -> list:
         return [c for c in cases if (c.batch, c.nominal) in QUICK_LOWLAT]
     if suite == "decode-variants":
         return [c for c in cases if (c.batch, c.nominal) in QUICK_VARIANT]
+    if suite == "decode-engine-width":
+        return [c for c in cases if (c.batch, c.nominal) in QUICK_ENGINE_WIDTH]
     if suite in ("prefill", "gather"):
         return [c for c in cases if (c.new_tokens, c.context, c.num_reqs) in QUICK_PREFILL]
     if suite == "engine":
@@ -363,6 +389,7 @@ def smoke_cases() -> dict[str, list]:
                         DecodeCase("decode-full", 1, 900, 1, 1, 300)],
         "decode-lowlat": [DecodeCase("decode-lowlat", 1, 2_200, 2, 1)],
         "decode-variants": [DecodeCase("decode-variants", 1, 2_100, 1, 1, 1)],
+        "decode-engine-width": [DecodeCase("decode-engine-width", 2, 2_100, 2, 1, width=64)],
         "prefill": [PrefillCase(32, 2_048, 2, 1), PrefillCase(16, 0, 1, 1)],
         "gather": [PrefillCase(32, 2_048, 2, 1)],
         "insert": [InsertCase(tokens=128, cache_tokens=16 * PAGE_SIZE, max_position=4_096)],
