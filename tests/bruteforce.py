@@ -233,8 +233,10 @@ def gather(cache, block_table, seq_lens) -> tuple[np.ndarray, list[int]]:
 # ----------------------------------------------------------------------------- insert (SPEC 3)
 
 def norm_rope_f32(x, positions_, weight, cos_sin, rotary_dim: int, eps: float) -> np.ndarray:
-    """Gemma RMSNorm then NeoX RoPE in float64, rounded once to fp32. ``x [T, 128]`` or
-    ``[T, H, 128]`` (any float array already upcast exactly to float64 by the caller)."""
+    """Gemma RMSNorm then NeoX RoPE in float64 (eps rounded to fp32 first, SPEC 3), rounded
+    once to fp32. ``x [T, 128]`` or ``[T, H, 128]`` (any float array already upcast exactly to
+    float64 by the caller)."""
+    eps = float(np.float32(eps))
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(weight, dtype=np.float64)
     cs = np.asarray(cos_sin, dtype=np.float64)[np.asarray(positions_, dtype=np.int64)]

@@ -65,6 +65,25 @@ def test_insert_index_k_bit_exact(rotary_dim, cs_dtype, k_dtype):
     assert bad.size == 0, f"{bad.size} bytes differ, first at {bad[:8]}"
 
 
+def test_eps_is_rounded_to_fp32_before_the_norm():
+    """SPEC 3: the norm adds fp32(eps). Rows whose mean square is near eps show it: eps = 1e-6
+    and its fp32 rounding give the same exact values, the unrounded float64 eps other ones."""
+    from nvfp4_indexer.reference.insert import norm_rope_exact
+    x, w, pos = inputs(6, seed=11, dtype=torch.float32)
+    x = x / x.norm(dim=-1, keepdim=True) * 1e-2  # mean(x^2) = 7.8e-7, comparable to eps
+    cs = cos_sin_cache(5000, 64, torch.float32)
+    eps32 = float(np.float32(1e-6))
+    assert eps32 != 1e-6
+    got, _ = norm_rope_exact(x, pos, w, cs, 64, 1e-6)
+    want, _ = norm_rope_exact(x, pos, w, cs, 64, eps32)
+    assert torch.equal(got, want)
+    x64 = x.to(torch.float64)
+    rms64 = torch.rsqrt((x64 * x64).mean(dim=-1, keepdim=True) + 1e-6)  # eps not rounded
+    assert not torch.equal(got[:, 64:], x64[:, 64:] * rms64 * (1.0 + w.to(torch.float64)[64:]))
+    assert torch.equal(got[:, 64:], (x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True)
+                                                       + eps32) * (1.0 + w.double()))[:, 64:])
+
+
 def test_insert_equals_write_of_norm_rope():
     # insert = write_index_k of the fp32 norm/rope output; eps and positions matter.
     cs = cos_sin_cache(300, 64, torch.float32)

@@ -91,7 +91,7 @@ def write_cases(profile: G.Profile, seed: int, device=None) -> Iterator[G.Case]:
     yield from _paged(G.write_case, "write", profile.write_cases, profile, seed, device)
 
 
-#: NaN edge cases per insert / query check (after the random ones; not in golden set v1).
+#: NaN edge cases per insert / query check (after the random ones).
 NAN_CASES = 1
 
 

@@ -118,7 +118,7 @@ def build_parser(prog: str = MODULE_CMD) -> argparse.ArgumentParser:
     gv = gsub.add_parser("verify", help="check a backend against a golden set")
     _common(gv)
     gv.add_argument("dir", nargs="?", default=None,
-                    help="golden directory (default: the shipped set, golden/v1 in this package)")
+                    help="golden directory (default: the shipped set, golden/v2 in this package)")
     gv.add_argument("--oracle", dest="oracle", action="store_true", default=None,
                     help="also require the reference to reproduce every stored array bit for "
                          "bit (default with --backend reference)")

@@ -29,7 +29,8 @@ def norm_rope_exact(x: torch.Tensor, positions: torch.Tensor, weight: torch.Tens
     """
     x64 = x.to(torch.float64)
     w = weight.to(torch.float32).to(torch.float64)
-    rms = torch.rsqrt((x64 * x64).mean(dim=-1, keepdim=True) + eps)
+    eps32 = torch.tensor(float(eps), dtype=torch.float32).item()  # SPEC 3: eps in fp32
+    rms = torch.rsqrt((x64 * x64).mean(dim=-1, keepdim=True) + eps32)
     y = x64 * rms * (1.0 + w)
     half = rotary_dim // 2
     cs = cos_sin_cache[positions.to(torch.long)].to(torch.float32).to(torch.float64)
