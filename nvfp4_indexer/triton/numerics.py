@@ -131,7 +131,7 @@ def e2m1_encode(v):
     round half to even on the grid, saturating at 6 (+-inf -> +-6); zero and NaN give code 0.
 
     Integer bits of ``v`` (same codes as SPEC 1.3's seven comparisons for every fp32 pattern,
-    proved exhaustively in tests/test_triton_e2m1.py). With a = |v| as bits:
+    proved exhaustively in tests/triton/test_numerics.py). With a = |v| as bits:
     a >= 1.0: E2M1 there is fp32 with one mantissa bit, so round the pattern to nearest even
     on bit 22 (a carry into the exponent is right) and saturate at 6.0's pattern; code =
     (pattern >> 22) - 252 (1.0 -> 2, ..., 6.0 -> 7). 0.25 < a < 1: code 1, or 2 from 0.75 on
