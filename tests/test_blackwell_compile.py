@@ -1,8 +1,9 @@
 """Offline compile for Blackwell (sm_100a, sm_103a, sm_120a), no GPU needed.
 
-Beside the SM90 offline compiles (``test_triton_elementwise``, ``triton/test_ptx``):
-Triton compiles every launched kernel configuration below to PTX and, with its bundled ptxas, to
-a cubin for each Blackwell target, so a change that breaks Blackwell code generation fails CI.
+Beside the SM90 offline compiles (each kernel module's test in ``tests/triton``, e.g.
+``triton/test_encode``, and ``triton/test_ptx``): Triton compiles every launched kernel
+configuration below to PTX and, with its bundled ptxas, to a cubin for each Blackwell target,
+so a change that breaks Blackwell code generation fails CI.
 The configurations are the GPU defaults the launchers pick (PORTABLE=False, dot "fp16", the
 inline-PTX dequantization of decode and gather), over the shapes of WORKLOADS.md's suites.
 

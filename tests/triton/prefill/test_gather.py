@@ -6,7 +6,7 @@ pages outside the workspace or past ``min(max_pages, W)`` are skipped, the poiso
 them stays, ragged requests with block ids outside the cache (clamped) and seq lens past
 the table width (clamped to W pages); tuning checks; launches split over the grid's y
 limit. GPU: the "ptx" and "triton" dequantization modes on every (code, scale byte) pair,
-misaligned workspaces. Offline: the kernel compiles for SM90 in both modes.
+misaligned workspaces, realistic sizes. Offline: the kernel compiles for SM90 in both modes.
 """
 
 from __future__ import annotations
@@ -384,3 +384,18 @@ def test_gpu_gather_misaligned_workspace():
     torch.cuda.synchronize()
     assert_bytes_equal(ws, rws)
     assert bool((flat[:2] == POISON).all()) and bool((flat[2 + n:] == POISON).all())
+
+
+@pytest.mark.gpu
+def test_gpu_gather_realistic_sizes():
+    """6 requests of up to 20k tokens (an empty one, one of 1 token) from a padded 1000-block
+    random cache: the reference's workspace bytes and offsets."""
+    g = _gen(42)
+    cache = random_cache(1000, g, PAD_STRIDE)
+    seq_lens = torch.tensor([20000, 1, 0, 129, 7777, 16384], dtype=torch.int32)
+    width = -(-20000 // 128)
+    bt = torch.randint(0, 1000, (6, width), generator=g, dtype=torch.int32)
+    ws_t, off_t = api.gather_index_k_fp8(cache, bt.cuda(), seq_lens.cuda(), backend="triton")
+    ws_r, off_r = api.gather_index_k_fp8(cache, bt.cuda(), seq_lens.cuda(), backend="reference")
+    assert torch.equal(off_t, off_r)
+    assert_bytes_equal(ws_t, ws_r)
