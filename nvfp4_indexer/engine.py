@@ -483,7 +483,7 @@ class _Staging:
     stage the bytes into pinned memory; both are safe here. Measured on the H200 with
     driver 580, the copy returns in 5-7 us without waiting for a busy stream, and the step's
     rows are right when its slot is rewritten before the copy has run
-    (``tests/test_engine.py::test_staging_reused_while_the_stream_is_busy``). A driver that
+    (``tests/engine/test_graphs.py::test_staging_reused_while_the_stream_is_busy``). A driver that
     read pageable memory after returning would give a step the metadata of the plan two
     steps later; that takes a stream at least two plans behind the host.
 

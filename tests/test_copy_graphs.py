@@ -1,7 +1,7 @@
 """``copy_graphs.CopyGraphs``: repeated device-to-device copies replayed from CUDA graphs
 (host time of ``Indexer.plan``). CPU: the bookkeeping (when a key is captured, replays, LRU),
 with the capture replaced by a recorded copy. GPU: real graphs, contents changed between
-replays, a busy stream (the Indexer's use: tests/test_engine.py,
+replays, a busy stream (the Indexer's use: tests/engine/test_graphs.py,
 ``test_decode_steps_replay_their_copies``)."""
 
 from __future__ import annotations
