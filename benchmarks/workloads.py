@@ -363,14 +363,10 @@ QUICK_PREFILL = {(1_024, 0, 1), (1_024, 131_072, 1), (16_384, 0, 1), (16_384, 13
 
 def quick_filter(cases: list, suite: str) -> list:
     """The --quick subset of a suite's cases."""
-    if suite == "decode-full":
-        return [c for c in cases if (c.batch, c.nominal) in QUICK_FULL]
-    if suite == "decode-lowlat":
-        return [c for c in cases if (c.batch, c.nominal) in QUICK_LOWLAT]
-    if suite == "decode-variants":
-        return [c for c in cases if (c.batch, c.nominal) in QUICK_VARIANT]
-    if suite == "decode-engine-width":
-        return [c for c in cases if (c.batch, c.nominal) in QUICK_ENGINE_WIDTH]
+    decode = {"decode-full": QUICK_FULL, "decode-lowlat": QUICK_LOWLAT,
+              "decode-variants": QUICK_VARIANT, "decode-engine-width": QUICK_ENGINE_WIDTH}
+    if suite in decode:
+        return [c for c in cases if (c.batch, c.nominal) in decode[suite]]
     if suite in ("prefill", "gather"):
         return [c for c in cases if (c.new_tokens, c.context, c.num_reqs) in QUICK_PREFILL]
     if suite == "engine":
