@@ -107,6 +107,10 @@ def test_quick_subsets():
     low = wl.quick_filter(wl.lowlat_cases(), "decode-lowlat")
     assert "b1_s32000_q8_h4" in {c.name for c in low}
     assert len(wl.quick_filter(wl.prefill_cases(), "prefill")) == 5
+    wide = wl.quick_filter(wl.engine_width_cases(), "decode-engine-width")
+    assert {c.name for c in wide} == {"b1_s32000_q8_h4_w8192", "b8_s4000_q8_h4_w8192",
+                                      "b128_s1000_q8_h4_w8192", "b8_s100000_q8_h4_w8192"}
+    assert all(c.width == 8192 and c.natural_width() < 8192 for c in wl.engine_width_cases())
 
 
 # ----------------------------------------------------------------------------- rotation
@@ -301,6 +305,15 @@ def test_lowlat_summary_target():
     assert not s["complete"]
 
 
+def test_engine_width_summary():
+    recs = [{"status": "ok", "name": "a_w8192", "us": 2.1, "over_natural": 1.05},
+            {"status": "ok", "name": "b_w8192", "us": 4.8, "over_natural": 2.4},
+            {"status": "ok", "name": "c_w8192", "us": 3.0, "over_natural": 0.98}]
+    s = summarize("decode-engine-width", recs, _ctx(), 3)
+    assert s["worst_case"] == "b_w8192" and s["over_natural_max"] == 2.4
+    assert s["within_5pct"] == 2 and s["cases_compared"] == 3 and s["complete"]
+
+
 # ----------------------------------------------------------------------------- end to end
 
 def test_cpu_smoke_end_to_end(tmp_path):
@@ -328,6 +341,10 @@ def test_cpu_smoke_end_to_end(tmp_path):
             if suite.startswith("decode"):
                 assert rec["out_fully_written"] and rec["rows_equal_reference"] == 1.0
                 assert rec["reuse_over_l2"] > 2
+                if suite == "decode-engine-width":  # the same pages at the natural width
+                    assert rec["width"] == 64 and rec["natural_width"] == 18
+                    assert rec["natural_equal"] and rec["natural_us"] > 0
+                    assert rec["over_natural"] == pytest.approx(rec["us"] / rec["natural_us"])
             elif suite == "prefill":
                 assert rec["out_fully_written"] and rec["rows_equal_reference"] == 1.0
                 # n16_c0_r1 scores no history token: no FLOPs, no ratio
