@@ -350,7 +350,7 @@ def insert_cases() -> list[InsertCase]:
     return [InsertCase()]
 
 
-# A representative subset for --quick (< 90 s on an H200): the MSA smoke grid plus the
+# A representative subset for --quick (< 2 min on an H200): the MSA smoke grid plus the
 # low-latency target case, one of each variant, and the extreme prefill cases.
 QUICK_FULL = {(8, 1_000), (128, 1_000), (8, 100_000), (128, 100_000), (8, 200_000),
               (128, 200_000)}
