@@ -53,7 +53,7 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
     tables = ctx.pool.block_tables(sl, slots, width)
     seq = torch.tensor(sl, dtype=torch.int32, device=dev)
     q = random_index_q(b * q_len, h, dev, ctx.gen(case.name))
-    t, out0 = _run_tables(ctx, case, q, seq, tables, rec)
+    t, out0 = _run_tables(ctx, case, q, seq, tables, rec, tr)
     rec = finish(ctx, rec, t, tr.bytes_moved, tr.flops)
     rec["flag_big_under_75"] = bool(case.suite == "decode-full"
                                     and tr.pages_bytes >= wl.FLAG_PAGES_BYTES
@@ -61,7 +61,7 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
                                     and rec["copy_ratio"] < wl.TARGET_DECODE_BIG_CASE)
     if width != natural:  # the same pages in tables of the natural width
         narrow = [bt[:, :natural].contiguous() for bt in tables]
-        tn, out_n = _run_tables(ctx, case, q, seq, narrow, {}, flops=None)
+        tn, out_n = _run_tables(ctx, case, q, seq, narrow, {})
         rec["natural_width"] = natural
         rec["natural_us"] = tn.us
         rec["over_natural"] = t.us / tn.us if tn.us else None
@@ -70,10 +70,10 @@ def decode_case(ctx: Context, case: wl.DecodeCase) -> dict:
 
 
 def _run_tables(ctx: Context, case: wl.DecodeCase, q: torch.Tensor, seq: torch.Tensor,
-                tables: list[torch.Tensor], rec: dict, flops: float | None = 0.0):
+                tables: list[torch.Tensor], rec: dict, tr: wl.Traffic | None = None):
     """One wrapper per block table (rotation slot) on queries ``q``: the first call's output
-    (checked against the reference unless ``flops`` is None), then the timing of the
-    captured calls. Returns ``(timing.Timing, the first call's output)``."""
+    (checked against the reference when the case's traffic ``tr`` is given), then the timing
+    of the captured calls. Returns ``(timing.Timing, the first call's output)``."""
     dev, cache = ctx.device, ctx.pool.cache
     b, q_len, h = case.batch, case.query_len, case.num_heads
     width = tables[0].shape[1]
@@ -89,10 +89,9 @@ def _run_tables(ctx: Context, case: wl.DecodeCase, q: torch.Tensor, seq: torch.T
         wrappers.append(w)
     wrappers[0].run(q, cache, out)
     sync(dev)
-    if flops is None:
+    if tr is None:
         out0 = out.clone()
     else:
-        tr = wl.decode_traffic(seq.tolist(), q_len, h)
         out0 = compare_rows(
             ctx, rec, out, tr.flops, tr.pages_bytes,
             lambda: ni.decode_indexer(q, cache, tables[0], seq, q_len, backend="reference"),
