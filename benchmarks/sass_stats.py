@@ -32,7 +32,7 @@ import tempfile
 DECODE_TYPES = dict(q_ptr="*u8", q_row_stride="i32", q_head_stride="i32", cache_ptr="*u8",
                     page_stride="i32", bt_ptr="*i32", bt_stride="i32", seq_lens_ptr="*i32",
                     cand_ptr="*i64", win_ptr="*fp32", out_ptr="*i32", width="i32",
-                    num_blocks="i32", page_offset="i32", page_step="i32", count_ptr="*i32")
+                    num_blocks="i32", page_offset="i32", page_step="i32")
 PREFILL_TYPES = dict(q_ptr="*u8", q_tok_stride="i32", q_head_stride="i32", ws_ptr="*u8",
                      ws_off_ptr="*i32", req_base="i32", qsl_ptr="*i32", seq_lens_ptr="*i32",
                      caps_ptr="*i32", blk_ptr="*i32", num_blocks="i32", cand_ptr="*i64",
@@ -50,10 +50,6 @@ def _compile(fn, types: dict, consts: dict, aligned: tuple, num_warps: int,
         from triton.experimental.gluon._runtime import GluonASTSource as Source
     else:
         from triton.compiler import ASTSource as Source
-    import inspect
-    params = inspect.signature(getattr(fn, "fn", fn)).parameters
-    consts = {**{n: p.default for n, p in params.items()  # constexprs left at their default
-                 if n not in types and n not in consts and p.default is not p.empty}, **consts}
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     opts = {"num_warps": num_warps}

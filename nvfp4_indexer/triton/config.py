@@ -98,10 +98,6 @@ class DecodeConfig(_Config):
         ring_stages: chunk slots of the cp.async ring of "mma" / "wgflat" (``STAGES - 1``
             chunks of 16 tokens in flight), one of ``RING_STAGES`` (2, 4, 8; default
             ``MMA_STAGES`` / ``WGFLAT_STAGES``, 4); the other modes ignore it.
-        fused_merge: the one-launch kernel with splits merges its split candidates inside
-            the same launch (the last split of a request to finish selects its rows, through
-            a self-resetting per-request counter) instead of in a second launch; None: the
-            dispatch's choice (``dispatch.fused_merge_default``); True with pdl is refused.
     Raises:
         ValueError: a field of the wrong type or out of range.
     """
@@ -117,7 +113,6 @@ class DecodeConfig(_Config):
     pdl: bool = False
     page_score_min_pages: int | None = None
     ring_stages: int | None = None
-    fused_merge: bool | None = None
 
     def __post_init__(self):
         _choice("dot", self.dot, DOT_MODES)
@@ -137,10 +132,6 @@ class DecodeConfig(_Config):
             object.__setattr__(self, "window", int(w))
         if type(self.pdl) is not bool:
             fail("pdl", "a bool (True only on SM90+ CUDA GPUs)", repr(self.pdl))
-        _opt_bool("fused_merge", self.fused_merge)
-        if self.fused_merge and self.pdl:
-            fail("fused_merge", "not True together with pdl (pdl overlaps a merge launch, "
-                                "a fused merge has none)", "True")
 
 
 @dataclass(frozen=True)

@@ -53,16 +53,6 @@ def split_rule(programs: int, target: int, cap: int) -> int:
     return max(min(cdiv(target, max(programs, 1)), cap, MAX_SPLITS), 1)
 
 
-def live_split_pages(n_pages: int, num_reqs: int, num_splits: int, p1: int, p2: int) -> int:
-    """Pages per split of the live-split decode kernel for a request of ``n_pages`` scored
-    pages in a batch of ``num_reqs`` (device twin: ``scan.live_split_pages``):
-    ceil(n_pages / num_splits), at least 1 while ``num_reqs * n_pages <= p1``, 2 while
-    ``<= p2``, else ``MIN_PAGES_PER_SPLIT``."""
-    b = num_reqs * n_pages
-    least = 1 if b <= p1 else 2 if b <= p2 else MIN_PAGES_PER_SPLIT
-    return max(cdiv(n_pages, num_splits), least)
-
-
 def keep_for_pages(pages_per_split: int) -> int:
     """Candidates a split keeps per row: min(16, next power of two >= its page count)."""
     return min(TOPK, next_pow2(pages_per_split))

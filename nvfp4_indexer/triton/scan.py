@@ -17,22 +17,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .heuristics import MERGE_SORT_MAX_COLUMNS, MIN_PAGES_PER_SPLIT
+from .heuristics import MERGE_SORT_MAX_COLUMNS
 from .layout import PAGE, TOPK, local_page
-from .topk import (EMPTY, TOPK_SLOTS, empty_topk, insert_page, load_candidates,
-                   merge_window_strided, store_candidates, topk_merge, window_buffer,
-                   write_selection)
+from .topk import (empty_topk, insert_page, load_candidates, merge_window_strided,
+                   store_candidates, window_buffer, write_selection)
 
 _SORT_MAX_COLUMNS = tl.constexpr(MERGE_SORT_MAX_COLUMNS)  # as a kernel may read it
-_MIN_PER = tl.constexpr(MIN_PAGES_PER_SPLIT)
-_SLOTS = tl.constexpr(TOPK_SLOTS)
 
 
 @triton.jit
 def scan_pages(start, end, local, page_src, q_ops, win_ptr, prog, page_offset, page_step,
                PAGE_SCORES: tl.constexpr, DOT: tl.constexpr, MODE: tl.constexpr,
-               BLOCK_M: tl.constexpr, KEEP: tl.constexpr, WINDOW: tl.constexpr,
-               INSERT_BELOW: tl.constexpr = 0):
+               BLOCK_M: tl.constexpr, KEEP: tl.constexpr, WINDOW: tl.constexpr):
     """Running top-KEEP lists ``int64 [BLOCK_M, KEEP]`` of logical pages
     ``j = page_offset + k * page_step``, k in ``[start, end)``, for rows with local pages
     ``local [BLOCK_M]``.
@@ -41,54 +37,24 @@ def scan_pages(start, end, local, page_src, q_ops, win_ptr, prog, page_offset, p
     (``page_src`` / ``q_ops``: tuples the caller's function unpacks). WINDOW > 1: scores go to
     program ``prog``'s window scratch ``win_ptr`` (fp32 ``[2, WINDOW, BLOCK_M]`` per program,
     ``topk.window_buffer``) and are merged once per window (``topk.merge_window_strided``);
-    the loads are left to Triton's pipeliner (cp.async into shared memory). ``INSERT_BELOW``
-    > 0: a range of fewer pages than that inserts per page all the same (the split size is
-    known only on the device).
+    the loads are left to Triton's pipeliner (cp.async into shared memory).
     """
+    top = empty_topk(BLOCK_M, KEEP)
     if WINDOW == 1:
-        top = _insert_pages(start, end, local, page_src, q_ops, page_offset, page_step,
-                            PAGE_SCORES, DOT, MODE, BLOCK_M, KEEP)
-    elif INSERT_BELOW > 0:
-        if end - start < INSERT_BELOW:
-            top = _insert_pages(start, end, local, page_src, q_ops, page_offset, page_step,
-                                PAGE_SCORES, DOT, MODE, BLOCK_M, KEEP)
-        else:
-            top = _window_pages(start, end, local, page_src, q_ops, win_ptr, prog, page_offset,
-                                page_step, PAGE_SCORES, DOT, MODE, BLOCK_M, KEEP, WINDOW)
+        for k in range(start, end):
+            j = page_offset + k * page_step
+            score = PAGE_SCORES(page_src, j, q_ops, DOT, MODE)
+            top = insert_page(top, score, j, local)
     else:
-        top = _window_pages(start, end, local, page_src, q_ops, win_ptr, prog, page_offset,
-                            page_step, PAGE_SCORES, DOT, MODE, BLOCK_M, KEEP, WINDOW)
-    return top
-
-
-@triton.jit
-def _insert_pages(start, end, local, page_src, q_ops, page_offset, page_step,
-                  PAGE_SCORES: tl.constexpr, DOT: tl.constexpr, MODE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, KEEP: tl.constexpr):
-    """``scan_pages`` with each page's candidate inserted at once."""
-    top = empty_topk(BLOCK_M, KEEP)
-    for k in range(start, end):
-        j = page_offset + k * page_step
-        score = PAGE_SCORES(page_src, j, q_ops, DOT, MODE)
-        top = insert_page(top, score, j, local)
-    return top
-
-
-@triton.jit
-def _window_pages(start, end, local, page_src, q_ops, win_ptr, prog, page_offset, page_step,
-                  PAGE_SCORES: tl.constexpr, DOT: tl.constexpr, MODE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, KEEP: tl.constexpr, WINDOW: tl.constexpr):
-    """``scan_pages`` with the scores of WINDOW pages merged at once."""
-    top = empty_topk(BLOCK_M, KEEP)
-    rows = tl.arange(0, BLOCK_M)
-    for w0 in range(start, end, WINDOW):
-        w_end = tl.minimum(w0 + WINDOW, end)
-        buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
-        for k in range(w0, w_end):
-            score = PAGE_SCORES(page_src, page_offset + k * page_step, q_ops, DOT, MODE)
-            tl.store(buf + (k - w0) * BLOCK_M + rows, score)
-        top = merge_window_strided(top, buf, w0, w_end, local, WINDOW, page_offset,
-                                   page_step)
+        rows = tl.arange(0, BLOCK_M)
+        for w0 in range(start, end, WINDOW):
+            w_end = tl.minimum(w0 + WINDOW, end)
+            buf = window_buffer(win_ptr, prog, (w0 - start) // WINDOW, BLOCK_M, WINDOW)
+            for k in range(w0, w_end):
+                score = PAGE_SCORES(page_src, page_offset + k * page_step, q_ops, DOT, MODE)
+                tl.store(buf + (k - w0) * BLOCK_M + rows, score)
+            top = merge_window_strided(top, buf, w0, w_end, local, WINDOW, page_offset,
+                                       page_step)
     return top
 
 
@@ -105,32 +71,6 @@ def finish_split(top, local, out_row_ptr, row_ok, cand_ptr, cand_rows, split,
 
 
 @triton.jit
-def _fence_gpu(x):
-    """``fence.acq_rel.gpu`` on every thread (inline PTX: CUDA only); returns int32 ``x``."""
-    return tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [x],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def last_split(count_ptr, NUM_SPLITS: tl.constexpr, FENCE: tl.constexpr):
-    """Whether this program is the last of ``NUM_SPLITS`` programs to arrive at the int32
-    counter ``count_ptr`` (zero before the first arrival); the last one resets it to zero, so
-    the next launch (a CUDA-graph replay included) starts from zero again. Every thread's
-    earlier stores are visible to the last program's later loads (with ``FENCE``, on a GPU:
-    a GPU-scope fence on every thread before the barrier and the acq_rel count; the
-    interpreter runs programs one after another and needs none)."""
-    if FENCE:
-        _fence_gpu(tl.arange(0, 32))
-    tl.debug_barrier()
-    last = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1
-    if last:
-        tl.store(count_ptr, 0)
-    if FENCE:
-        _fence_gpu(tl.arange(0, 32))
-    return last
-
-
-@triton.jit
 def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl.constexpr,
                  SPLITS_PAD: tl.constexpr, KEEP: tl.constexpr, SORT: tl.constexpr = 0):
     """Merge kernel body: every split's candidates of scratch rows ``cand_rows [R]`` (int64)
@@ -143,50 +83,6 @@ def merge_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, NUM_SPLITS: tl
     keys = load_candidates(cand_ptr, cand_rows, row_ok, NUM_SPLITS, SPLITS_PAD, KEEP)
     write_selection(keys, local, out_row_ptr, row_ok, SORT and SPLITS_PAD * KEEP >= TOPK
                     and SPLITS_PAD * KEEP <= _SORT_MAX_COLUMNS)
-
-
-@triton.jit
-def live_split_pages(n_pages, num_reqs, NUM_SPLITS: tl.constexpr, P1: tl.constexpr,
-                     P2: tl.constexpr):
-    """Pages per split of a request with ``n_pages`` pages to score in a batch of
-    ``num_reqs`` (host twin: ``heuristics.live_split_pages``): ceil(n_pages / NUM_SPLITS), at
-    least 1 while ``num_reqs * n_pages <= P1``, 2 while <= ``P2``, else
-    ``MIN_PAGES_PER_SPLIT`` (short serial chains while the grid's live programs fit the GPU,
-    fewer programs beyond). Splits past ceil(n_pages / per) have no page."""
-    batch_pages = num_reqs * n_pages
-    least = tl.where(batch_pages <= P1, 1, tl.where(batch_pages <= P2, 2, _MIN_PER))
-    return tl.maximum(tl.cdiv(n_pages, NUM_SPLITS), least)
-
-
-@triton.jit
-def _live_candidates(row_base, col, ncols, kk, row_ok, KEEP: tl.constexpr):
-    """Candidates at live columns ``col [1, C]`` of scratch rows ``row_base [R, 1]``: column
-    ``col`` is entry ``col % kk`` of split ``col // kk`` (EMPTY at or past ``ncols``)."""
-    ok = row_ok[:, None] & (col < ncols)
-    return tl.load(row_base + (col // kk) * KEEP + col % kk, mask=ok, other=EMPTY,
-                   cache_modifier=".cg")
-
-
-@triton.jit
-def merge_live_splits(cand_ptr, cand_rows, row_ok, local, out_row_ptr, live, kk,
-                      NUM_SPLITS: tl.constexpr, KEEP: tl.constexpr, COLS: tl.constexpr):
-    """The fused merge: the first ``kk`` candidates of splits ``0 .. live - 1`` of scratch rows
-    ``cand_rows [R]`` (scratch ``[*, NUM_SPLITS, KEEP]``; a split of p pages fills its first
-    min(p, KEEP) entries) -> the SPEC 5 output at ``out_row_ptr [R]``. Up to ``COLS`` live
-    columns in one selection, more by a running top-16 over chunks of ``COLS``: the work
-    follows the live pages, not NUM_SPLITS. Reads from L2 (the kernel wrote them)."""
-    ncols = live * kk
-    col = tl.arange(0, COLS)[None, :]
-    row_base = cand_ptr + cand_rows[:, None] * (NUM_SPLITS * KEEP)
-    if ncols <= COLS:
-        keys = _live_candidates(row_base, col, ncols, kk, row_ok, KEEP)
-        write_selection(keys, local, out_row_ptr, row_ok)
-    else:
-        top = empty_topk(cand_rows.shape[0], _SLOTS)
-        for c0 in range(0, ncols, COLS):
-            top = topk_merge(top, _live_candidates(row_base, c0 + col, ncols, kk, row_ok,
-                                                   KEEP))
-        write_selection(top, local, out_row_ptr, row_ok)
 
 
 @triton.jit

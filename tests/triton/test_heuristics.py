@@ -62,24 +62,3 @@ def test_merge_config_rows_per_program():
     assert hz.merge_config(2, 16) == (1, 1)
     assert hz.merge_config(64, 16) == (1, 2) and hz.merge_config(128, 16) == (1, 4)
     assert not hz.merge_sorts(hz.MERGE_SORT_MAX_COLUMNS * 2, True)
-
-
-def test_live_split_pages():
-    """Pages per split of the live-split decode kernel: ceil(n / NUM_SPLITS), at least 1 / 2
-    / ``MIN_PAGES_PER_SPLIT`` pages as the batch's pages B * n pass p1 / p2; never more live
-    splits than NUM_SPLITS, every page in exactly one split, monotone in n (the plan sizes
-    KEEP and the window by the longest request, n = W - 1)."""
-    p1, p2 = 4 * 132, 8 * 132
-    assert hz.live_split_pages(255, 1, 256, p1, p2) == 1
-    assert hz.live_split_pages(255, 4, 256, p1, p2) == 2  # 1020 batch pages
-    assert hz.live_split_pages(780, 8, 256, p1, p2) == hz.MIN_PAGES_PER_SPLIT
-    assert hz.live_split_pages(8191, 1, 256, p1, p2) == 32
-    for b in (1, 3, 8, 100):
-        for ns in (1, 7, 256):
-            prev = 0
-            for n in range(1, 600, 7):
-                per = hz.live_split_pages(n, b, ns, p1, p2)
-                live = hz.cdiv(n, per)
-                assert 1 <= live <= ns and (live - 1) * per < n <= live * per
-                assert per >= prev
-                prev = per

@@ -201,7 +201,7 @@ class ContextParallelRunner:
                 q8, q8.stride(0), q8.stride(1), cache, cache.stride(0),
                 block_table, block_table.stride(0), seq_lens, self.scratch, self.win,
                 self.scratch, block_table.shape[1], cache.shape[0], self.rank, world,
-                seq_lens, **score.constexprs, **score.options)
+                **score.constexprs, **score.options)
             _cp_reduce_kernel[(b, triton.cdiv(q * world * hr, reduce.rows))](
                 self.scratch, seq_lens, send, b * q, self.width, **reduce.constexprs,
                 **reduce.options)

@@ -37,8 +37,8 @@ from ...constants import SHORT_MAX_LOCAL, TOPK
 from ..config import KERNEL_DEQUANT_MODES, PAGE_SCORE_MODES, DecodeConfig, check_config
 from ..dot_modes import pick_dot
 from ..heuristics import (MAX_WINDOW_ELEMS, MIN_PAGES_PER_SPLIT, block_rows,
-                          candidate_elems, cdiv, choose_window, keep_for_pages,
-                          live_split_pages, merge_config, next_pow2, split_rule, window_elems)
+                          candidate_elems, cdiv, choose_window, keep_for_pages, merge_config,
+                          next_pow2, split_rule, window_elems)
 
 # -- one-launch kernel (and context parallelism) ---------------------------------------------
 PROGRAMS_PER_SM = 16  # split target: about this many score programs per SM
@@ -48,15 +48,6 @@ MAXNREG = 128  # its register cap: 4 CTAs of 4 warps per SM
 # reductions per round) up to this many candidates per row (SM80+, no pdl), else on the
 # Triton merge
 REDUX_MERGE_MAX_CANDIDATES = 512
-# the split candidates merge inside the score launch (its last split per request) up to this
-# many candidate columns per row (NUM_SPLITS padded to a power of two, times KEEP)
-FUSED_MERGE_DEFAULT = False  # the one-launch kernel's default: merge inside the launch
-# live splits: 1-page splits while the batch's pages B * n fit this many per SM, 2-page
-# splits up to the second number, MIN_PAGES_PER_SPLIT beyond (``heuristics.live_split_pages``)
-LIVE_ONE_PAGE_PER_SM = 4
-LIVE_TWO_PAGES_PER_SM = 8
-FUSED_MERGE_KEYS = 2048  # candidates the fused merge holds at once: MERGE_ROWS rows per step
-FUSED_MERGE_COLS = 256  # live candidate columns per selection step of the fused merge
 
 # -- page-score family (SM90 defaults) --------------------------------------------------------
 MMA_MIN_PAGES = 2048  # B * (W - 1) from this on SM90: the page-score path ("mma")
@@ -154,12 +145,6 @@ class DecodePlan:
         return self.dequant in PAGE_SCORE_MODES
 
     @property
-    def fused(self) -> bool:
-        """True when the one-launch kernel merges its splits itself (no merge launch; the
-        runner keeps one int32 arrival counter per request, zero between runs)."""
-        return bool(self.score.constexprs.get("FUSED", False))
-
-    @property
     def scratch_elems(self) -> int:
         """float32 elements of scratch the plan needs: the int64 candidates, then the fp32
         window buffer or page scores (``runner.score_buffer_size``)."""
@@ -203,14 +188,6 @@ def decode_splits(num_reqs: int, max_pages: int, num_sms: int,
     if b * ns > 8 * num_sms:
         ns = min(ns, cdiv(max_pages, MIN_PAGES_PER_SPLIT))
     return max(ns, 1)
-
-
-def live_num_splits(num_reqs: int, width: int, num_sms: int,
-                    programs_per_sm: int = PROGRAMS_PER_SM) -> int:
-    """NUM_SPLITS of the live-split kernel: about ``programs_per_sm`` programs per SM over the
-    batch, at most ``MAX_SPLITS`` and W - 1 (a split per page at most). Which splits get pages
-    is decided on the device from the live seq lens (``heuristics.live_split_pages``)."""
-    return split_rule(num_reqs, programs_per_sm * num_sms, max(width - 1, 1))
 
 
 def choose_num_splits(num_reqs: int, width: int, num_sms: int,
@@ -459,35 +436,20 @@ def plan_decode(num_heads: int, num_reqs: int, width: int, query_len: int,
         check_dequant(dequant, kernel_dot, rows, capability, gluon)
     pps = cfg.programs_per_sm or {"wgmma": WGMMA_PROGRAMS_PER_SM, "mma": MMA_PROGRAMS_PER_SM,
                                   "wgflat": WGFLAT_PROGRAMS_PER_SM}.get(dequant, PROGRAMS_PER_SM)
-    # the one-launch kernel with its merge inside: splits sized on the device by the live
-    # pages (``heuristics.live_split_pages``), their count from the batch size and the GPU
-    fused = dequant not in PAGE_SCORE_MODES and width - 1 > SHORT_MAX_LOCAL and (
-        FUSED_MERGE_DEFAULT and not cfg.pdl if cfg.fused_merge is None else cfg.fused_merge)
-    if fused and validate and cfg.pdl:
-        raise ValueError("fused_merge: expected not True with pdl (no merge launch to "
-                         "overlap), got True")
-    if fused:
-        ns = cfg.num_splits or live_num_splits(num_reqs, width, num_sms, pps)
-        fused = ns > 1
-    else:
-        ns = cfg.num_splits or choose_num_splits(num_reqs, width, num_sms, pps)
+    ns = cfg.num_splits or choose_num_splits(num_reqs, width, num_sms, pps)
     # the flat page-score grid ("mma" / "wgflat": one wave of equal shares, "wgflat" at most
     # one program per WGFLAT_MIN_GROUPS groups of 4 pages; "lut": B * NUM_SPLITS)
     programs = page_score_programs(
         num_reqs, width, num_sms, pps,
         cfg.num_splits or (None if dequant in ("mma", "wgflat") else ns),
         pages_per_program=4 * WGFLAT_MIN_GROUPS if dequant == "wgflat" else 1)
-    split_p = (LIVE_ONE_PAGE_PER_SM * num_sms, LIVE_TWO_PAGES_PER_SM * num_sms)
-    # pages of the longest split: the first split of a request of W - 1 pages
-    longest = live_split_pages(max(width - 1, 1), num_reqs, ns, *split_p) if fused \
-        else cdiv(max(width - 1, 1), ns)
-    window = cfg.window or choose_window(longest, rows)
+    window = cfg.window or decode_window(ns, width, rows)
     if validate:
         _check_window(window, rows)
         if cfg.pdl and (portable or tuple(capability) < (9, 0)):
             raise ValueError(f"pdl: expected a bool, True only on SM90+ CUDA GPUs, got True "
                              f"on {_where(capability)}")
-    keep = keep_for_pages(longest)
+    keep = keep_per_split(ns, width)
     q, h = query_len, num_heads
     shape = dict(num_reqs=num_reqs, width=width, query_len=q, num_heads=h, block_m=rows,
                  dot=dot, dequant=dequant, kernel_dot=kernel_dot, num_splits=ns,
@@ -501,17 +463,11 @@ def plan_decode(num_heads: int, num_reqs: int, width: int, query_len: int,
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not portable:  # the register cap is a GPU compile option (the interpreter has none)
         opts["maxnreg"] = MAXNREG if cfg.maxnreg is None else cfg.maxnreg
-    extra = {}
-    if fused:
-        cols = min(FUSED_MERGE_COLS, next_pow2(ns * keep))
-        extra = dict(FUSED=True, MERGE_COLS=cols, FENCE=not portable,
-                     MERGE_ROWS=max(1, min(rows, FUSED_MERGE_KEYS // cols)),
-                     SPLIT_P1=split_p[0], SPLIT_P2=split_p[1])
     score = KernelLaunch("split", dict(Q=q, H=h, BLOCK_M=rows, NUM_SPLITS=ns, DOT=kernel_dot,
-                                       DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=cfg.pdl,
-                                       **extra), opts)
+                                       DEQUANT=dequant, WINDOW=window, KEEP=keep, PDL=cfg.pdl),
+                         opts)
     merge = None
-    if ns > 1 and not fused:
+    if ns > 1:
         cands = ns * keep
         if not cfg.pdl and cands <= REDUX_MERGE_MAX_CANDIDATES and not portable \
                 and tuple(capability) >= (8, 0):

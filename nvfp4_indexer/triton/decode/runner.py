@@ -145,9 +145,6 @@ class DecodeRunner:
                                        dtype=torch.float32, device=self.device)
         self.scratch, self.win = self._scratch_view(score_buffer, plan.cand_elems,
                                                     plan.win_elems)
-        # arrival counters of the fused merge: zero now, reset by each run's last splits
-        self.counters = torch.zeros(num_reqs if plan.fused else 1, dtype=torch.int32,
-                                    device=self.device)
         self._prepare_launches()
         if warmup_default(warmup, self.device):
             self._warmup()
@@ -239,8 +236,7 @@ class DecodeRunner:
         with device_guard(self.device):
             self._score((b, self.num_splits), q8, q8.stride(0), q8.stride(1), cache,
                         cache.stride(0), block_table, block_table.stride(0), seq_lens,
-                        self.scratch, self.win, out, self.width, cache.shape[0], 0, 1,
-                        self.counters)
+                        self.scratch, self.win, out, self.width, cache.shape[0], 0, 1)
             if self._merge is not None:
                 self._merge((b, self._merge_grid_y), self.scratch, seq_lens, out, self.width)
         return out

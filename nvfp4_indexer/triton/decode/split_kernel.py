@@ -1,17 +1,11 @@
 """The one-launch decode kernel: NVFP4 pages scored in place, split-K over pages, fused top-k,
-the merge of its split candidates inside the same launch, and the Triton merge kernel of the
-two-launch form (SPEC 4-6).
+and the Triton merge of its split candidates (SPEC 4-6).
 
 Score kernel (``decode_score_kernel``), grid ``(B, NUM_SPLITS)``. Program (b, s) loads request
 b's ``Q*H`` query rows (row m = i*H + h, padded to ``BLOCK_M`` = 16 or 32 or 64) once, then
 walks its share of the request's history pages ``j < n = (seq_len - 1) // 128`` (the last
 query's L; n = 0 when n <= 15: every row is then a short row, SPEC 5 gives it by formula):
-split s takes pages ``[s*c, min((s+1)*c, n))``. With ``FUSED`` (the default of the dispatch)
-the split size c follows the live seq len on the device (``scan.live_split_pages``: c =
-ceil(n / NUM_SPLITS), at least 1, 2 or 4 pages by the batch's pages B * n against
-``SPLIT_P1`` / ``SPLIT_P2``), so the splits past ceil(n / c) have no page and the work of a
-replay follows the live pages, whatever the block-table width; else c = ceil(n / NUM_SPLITS).
-Per page (one
+split s takes pages ``[s*c, min((s+1)*c, n))`` with ``c = ceil(n / NUM_SPLITS)``. Per page (one
 iteration = 128 tokens): the block id from the block table, the page's 8192 code bytes and
 1024 scale bytes from ``cache + block * page_stride`` (read in place; Triton's pipeliner turns
 the loads into ``cp.async`` copies), dequantization in registers (SPEC 1.4), ``[128 tokens,
@@ -23,17 +17,8 @@ page count) (``dispatch.keep_per_split``: a split never needs more), updated eit
 of WINDOW pages whose scores were buffered in a per-program scratch (``topk_merge``: only as
 many rounds as candidates beat the kept entries). Each program then writes its lists to the
 candidate scratch ``int64 [B, BLOCK_M, NUM_SPLITS, KEEP]``; with ``NUM_SPLITS == 1`` it writes
-the output itself (no merge, no candidate scratch). Page-subset mode (``page_offset``,
+the output itself (no merge launch, no candidate scratch). Page-subset mode (``page_offset``,
 ``page_step``: pages ``j = page_offset + k * page_step``) is context parallelism's (SPEC 8.2).
-
-Merge inside the launch (``FUSED``): only the live splits of a request write candidates; each
-then arrives at the request's int32 counter (``scan.last_split``: a GPU-scope fence on every
-thread, a barrier, one acq_rel atomic add); the last to arrive resets the counter to zero (so
-the next launch, a CUDA-graph replay included, finds it zero) and selects the request's rows
-from the live splits' first min(c, KEEP) candidates (``scan.merge_live_splits``, ``MERGE_ROWS``
-rows at a time, ``MERGE_COLS`` columns per selection step). A request with no page to score
-takes no counter: split 0 writes its short rows by formula. The runner owns the counters
-(zero at construction).
 
 Dequantization (the ``DEQUANT`` constexpr): "triton" is ``scoring.nvfp4_page_scores`` (two
 K=64 MMAs; one K=128 fp32 dot in the interpreter); "ptx" / "ptx_arith" (GPU, dot "fp16") are
@@ -41,17 +26,15 @@ K=64 MMAs; one K=128 fp32 dot in the interpreter); "ptx" / "ptx_arith" (GPU, dot
 (bit-exact SPEC 1.4, "ptx_arith" without conversion instructions) and four K=32 fp16 MMAs over
 dims 4i + j.
 
-Merge kernel of the two-launch form (``decode_merge_kernel``, grid ``(B, cdiv(Q*H, ROWS))``):
-loads each row's
+Merge kernel (``decode_merge_kernel``, grid ``(B, cdiv(Q*H, ROWS))``): loads each row's
 ``NUM_SPLITS * KEEP`` candidates and writes the final SPEC 5 output (15 rounds of
 max-and-remove, skipped when the row is short; slot 15 = L; padding rows by formula). On a
 CUDA GPU the dispatch takes the Gluon ``redux.redux_merge_kernel`` instead where it applies.
 
 Nothing depends on host values of ``seq_lens`` / ``block_table``: the grid and all constexprs
-are a function of (B, W, Q, H, SM count), every output a run reads was written by the same run
-(the window scratch is rewritten before it is read; the only state carried between runs are
-the fused merge's counters, zero at the end of every run), so a CUDA-graph replay after
-in-place changes of the buffers computes fresh results. Block-table
+are a function of (B, W, Q, H, SM count), every program writes all of its outputs every run
+(no state carried between runs; the window scratch is rewritten before it is read), so a
+CUDA-graph replay after in-place changes of the buffers computes fresh results. Block-table
 entries at or past a request's history page count are never read.
 """
 
@@ -61,32 +44,25 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..heuristics import MIN_WINDOW_PAGES as _MIN_WINDOW_PAGES
 from ..layout import num_history_pages, scored_pages, split_range
 from ..operands import load_q_pairs_t, load_q_quads_t
-from ..scan import (clamped_seq_len, decode_rows, finish_split, last_split,
-                    live_split_pages, merge_live_splits, merge_splits, out_offsets, scan_pages)
-from ..topk import store_candidates, write_selection
-
-_MIN_WINDOW = tl.constexpr(_MIN_WINDOW_PAGES)  # live splits shorter than this insert per page
+from ..scan import (clamped_seq_len, decode_rows, finish_split, merge_splits, out_offsets,
+                    scan_pages)
 from ..scoring import nvfp4_page_scores, nvfp4_page_scores_ptx
 
 
 @triton.jit(do_not_specialize=["q_row_stride", "q_head_stride", "bt_stride", "width",
                                "num_blocks"],
             do_not_specialize_on_alignment=["q_ptr", "bt_ptr", "seq_lens_ptr", "cand_ptr",
-                                            "win_ptr", "out_ptr", "count_ptr"])
+                                            "win_ptr", "out_ptr"])
 def decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stride,
                         bt_ptr, bt_stride, seq_lens_ptr, cand_ptr, win_ptr, out_ptr,
-                        width, num_blocks, page_offset, page_step, count_ptr,
+                        width, num_blocks, page_offset, page_step,
                         Q: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
                         NUM_SPLITS: tl.constexpr, DOT: tl.constexpr,
                         DEQUANT: tl.constexpr = "triton", WINDOW: tl.constexpr = 64,
                         KEEP: tl.constexpr = 16, PDL: tl.constexpr = False,
-                        CANDIDATES: tl.constexpr = False, FUSED: tl.constexpr = False,
-                        MERGE_ROWS: tl.constexpr = 16, MERGE_COLS: tl.constexpr = 256,
-                        FENCE: tl.constexpr = False, SPLIT_P1: tl.constexpr = 0,
-                        SPLIT_P2: tl.constexpr = 0):
+                        CANDIDATES: tl.constexpr = False):
     # Page subset (context parallelism, SPEC 8.2): the program walks pages
     # j = page_offset + k * page_step (0 and 1 for a single device), splits over k.
     # CANDIDATES: always write the candidate scratch, even with one split.
@@ -96,12 +72,7 @@ def decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
     seq_len = clamped_seq_len(seq_lens_ptr, b, width)
     n_pages = scored_pages(num_history_pages(seq_len))  # history of the last query
     n_sub = tl.maximum(n_pages - page_offset + page_step - 1, 0) // page_step
-    if FUSED:  # splits sized by the live pages (``live_split_pages``)
-        per = live_split_pages(n_sub, tl.num_programs(0), NUM_SPLITS, SPLIT_P1, SPLIT_P2)
-        start = tl.minimum(split * per, n_sub)
-        end = tl.minimum(start + per, n_sub)
-    else:
-        start, end = split_range(n_sub, split, NUM_SPLITS)
+    start, end = split_range(n_sub, split, NUM_SPLITS)
 
     m = tl.arange(0, BLOCK_M)
     h, row_ok, local, row = decode_rows(b, m, seq_len, Q, H)
@@ -113,32 +84,12 @@ def decode_score_kernel(q_ptr, q_row_stride, q_head_stride, cache_ptr, page_stri
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
     top = scan_pages(start, end, local, (cache_ptr, page_stride, bt_row, num_blocks), q_ops,
                      win_ptr, b * NUM_SPLITS + split, page_offset, page_step,
-                     _cache_page_scores, DOT, DEQUANT, BLOCK_M, KEEP, WINDOW,
-                     _MIN_WINDOW if FUSED else 0)
+                     _cache_page_scores, DOT, DEQUANT, BLOCK_M, KEEP, WINDOW)
 
     if PDL:  # pages done: the merge grid may launch (it waits for this grid to finish)
         gdc_launch_dependents()
-    cand_rows = (b * BLOCK_M + m).to(tl.int64)
-    out_rows = out_ptr + out_offsets(row, h, H)
-    if FUSED:
-        # only the live splits (those with pages) store candidates and arrive at the
-        # request's counter; the last to arrive merges their candidates; with no page to
-        # score (every row short) split 0 writes the output alone
-        live = tl.cdiv(n_sub, per)
-        if split < live:
-            store_candidates(cand_ptr, cand_rows, top, split, NUM_SPLITS)
-            if last_split(count_ptr + b, live, FENCE):
-                for r0 in tl.static_range(0, BLOCK_M, MERGE_ROWS):
-                    mr = r0 + tl.arange(0, MERGE_ROWS)
-                    h2, ok2, local2, row2 = decode_rows(b, mr, seq_len, Q, H)
-                    merge_live_splits(cand_ptr, (b * BLOCK_M + mr).to(tl.int64), ok2, local2,
-                                      out_ptr + out_offsets(row2, h2, H), live,
-                                      tl.minimum(per, KEEP), NUM_SPLITS, KEEP, MERGE_COLS)
-        elif split == 0:
-            write_selection(top, local, out_rows, row_ok)
-    else:
-        finish_split(top, local, out_rows, row_ok, cand_ptr, cand_rows, split, NUM_SPLITS,
-                     CANDIDATES)
+    finish_split(top, local, out_ptr + out_offsets(row, h, H), row_ok, cand_ptr,
+                 (b * BLOCK_M + m).to(tl.int64), split, NUM_SPLITS, CANDIDATES)
 
 
 @triton.jit

@@ -189,31 +189,25 @@ def test_decode_score_buffer_and_splits():
 @pytest.mark.parametrize("b,max_len,q_len,heads", [(1, 131072, 8, 4), (4, 131072, 1, 1),
                                                    (8, 40000, 4, 2), (64, 20000, 8, 4),
                                                    (64, 131072, 1, 2), (32, 3000, 2, 4)])
-@pytest.mark.parametrize("fused", [False, True])
-def test_gpu_decode_realistic(b, max_len, q_len, heads, fused):
-    """Realistic batches (padding requests, an aliased page) against the reference, the
-    one-launch kernel with its merge launched or inside the launch (``fused_merge``)."""
+def test_gpu_decode_realistic(b, max_len, q_len, heads):
     batch = Batch(realistic_lens(b, max_len, q_len, seed=b + max_len, padding=min(2, b - 1)),
                   seed=b, page_stride=9216, alias=[(0, 3, 700)] if max_len > 100000 else ())
     q = random_q(b * q_len, heads, seed=b)
     big, out = poisoned_out(b * q_len, heads)
-    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
-                                 config=DECODE.DecodeConfig(fused_merge=fused))
+    runner = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV)
     runner.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
     torch.cuda.synchronize()
     assert_guards(big)
-    assert int(runner.counters.abs().sum()) == 0
     aliases = ((0, 3, 700),) if max_len > 100000 else ()
     decode_check(batch, q, q_len, out, runner.error_bits, aliases)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl,fused", [(False, False), (True, False), (False, True)])
-def test_gpu_decode_cuda_graph_replays(pdl, fused):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_decode_cuda_graph_replays(pdl):
     """Capture DecodeRunner.run once; 50 replays after in-place changes of q, seq_lens
     (including zero-length padding requests) and block tables, each against the reference.
-    ``pdl``: the merge kernel launched with programmatic dependent launch (SM90+);
-    ``fused``: the merge inside the score launch (its counters zero after every replay)."""
+    ``pdl``: the merge kernel launched with programmatic dependent launch (SM90+)."""
     if pdl and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs SM90+")
     b, q_len, heads, max_len = 16, 4, 4, 65536
@@ -223,9 +217,8 @@ def test_gpu_decode_cuda_graph_replays(pdl, fused):
     pool_blocks = torch.cat([pool.block_table[r, :blocks_per_req] for r in range(4)])
     bt_buf, sl_buf, q_buf, big, out = _fixed_buffers(b, width, q_len, heads, bt_fill=0)
     runner = DECODE.DecodeRunner(heads, b, width, q_len, DEV,
-                                 config=DECODE.DecodeConfig(pdl=pdl, fused_merge=fused,
-                                                            dequant="ptx" if fused else None))
-    assert runner.num_splits > 1 and runner.plan.fused == fused  # a merge runs
+                                 config=DECODE.DecodeConfig(pdl=pdl))
+    assert runner.num_splits > 1  # the merge kernel (the PDL launch) runs
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -254,7 +247,6 @@ def test_gpu_decode_cuda_graph_replays(pdl, fused):
         graph.replay()
         torch.cuda.synchronize()
         assert_guards(big)
-        assert int(runner.counters.abs().sum()) == 0
         exact, mag = ref.page_scores(q_buf, pool.cache, bt_buf, sl_buf, qsl,
                                      with_magnitude=True)
         check_selection(out, exact, mag, local_pages(sl_buf, qsl), runner.error_bits)
@@ -375,41 +367,3 @@ def test_decode_window_variants_select_the_same_rows():
         decode_check(batch, q, q_len, out, runner.error_bits)
         outs.append(out.cpu())
     assert torch.equal(outs[0], outs[1])
-
-
-@pytest.mark.parametrize("merge_cols", [None, 16])
-def test_fused_merge_equals_merge_launch(merge_cols):
-    """The in-launch merge (the last live split of a request selects its rows) writes the
-    merge launch's output bit for bit, also when its live columns take several chunks of
-    ``MERGE_COLS`` (running top-16); every arrival counter is zero after each run, so a second
-    run on other lengths (a graph replay with fresh metadata) starts clean. Requests with no
-    page to score (padding, short) take the no-merge path of split 0."""
-    import dataclasses
-    q_len, heads = 2, 2
-    batch = Batch([5200, 0, 300, 2600, 4100], seed=21)
-    b = batch.seq_lens.shape[0]
-    q = random_q(b * q_len, heads, seed=4)
-    cfg = DECODE.DecodeConfig(num_splits=8)
-    two = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
-                              config=dataclasses.replace(cfg, fused_merge=False))
-    fused = DECODE.DecodeRunner(heads, b, batch.width, q_len, DEV,
-                                config=dataclasses.replace(cfg, fused_merge=True))
-    assert two.plan.merge is not None and not two.plan.fused
-    assert fused.plan.fused and fused.plan.merge is None
-    if merge_cols is not None:  # live columns: up to 8 splits x 5 pages > 16
-        score = fused.plan.score
-        fused.plan = dataclasses.replace(fused.plan, score=dataclasses.replace(
-            score, constexprs={**score.constexprs, "MERGE_COLS": merge_cols}))
-        fused._prepare_launches()
-    for flip in (False, True):
-        if flip:  # other lengths in the same buffers, with their block-table rows
-            batch.seq_lens.copy_(batch.seq_lens.flip(0))
-            batch.block_table.copy_(batch.block_table.flip(0))
-        want = poisoned_out(b * q_len, heads)[1]
-        two.run(q, batch.cache, batch.block_table, batch.seq_lens, want)
-        big, out = poisoned_out(b * q_len, heads)
-        fused.run(q, batch.cache, batch.block_table, batch.seq_lens, out)
-        assert_guards(big)
-        assert torch.equal(out, want)
-        assert int(fused.counters.abs().sum()) == 0
-        decode_check(batch, q, q_len, out, fused.error_bits)
