@@ -5,6 +5,7 @@ Run (one H100 / H200, about 2-4 minutes)::
     python -m benchmarks.labs.dequant_lab            # every variant
     python -m benchmarks.labs.dequant_lab --quick    # fewer variants, two cases
     python -m benchmarks.labs.dequant_lab --variants base,mma,wgf --cases 8:100000
+    python -m benchmarks.labs.dequant_lab --variants base,ptx,mma --cases 8:4000,8:4000:8192
 
 A variant is a set of ``DecodeConfig`` fields (``VARIANTS``); "base" is the default dispatch.
 Steps (progress is printed and flushed as it goes; a compact table comes last):
@@ -15,7 +16,8 @@ Steps (progress is printed and flushed as it goes; a compact table comes last):
    (SPEC 9 tie-aware, at the runner's b); for the page-score modes the observed error bits
    of the score kernel alone.
 2. Timing: decode variants on b128 x 100K, b8 x 100K, b32 x 10K, b1 x 32K, b8 x 4K and
-   b128 x 1K (Q=8, H=4), cold cache (a page pool far larger than L2, block tables rotated
+   b128 x 1K (Q=8, H=4; ``--cases B:NOMINAL[:WIDTH]``: WIDTH pages of block table, as an
+   engine sizes it for ``max_model_len``, else the contexts' own), cold cache (a page pool far larger than L2, block tables rotated
    across >= 2x L2 of traffic, ``benchmarks.pool`` / ``timing``), CUDA-graph replays: us/call,
    GB/s of necessary traffic (``workloads.decode_traffic``) and % of the device-to-device copy
    measured in this run. A variant whose plan equals an earlier one's on a case is not timed
@@ -204,21 +206,21 @@ def run_timing(dev, variants, cases, budget_s: float, graph_calls: int) -> list[
     from benchmarks.timing import l2_bytes, rotation_slots, time_graph
     l2 = l2_bytes(dev)
     plans, total = [], 0
-    for b, nominal in cases:
+    for b, nominal, *wide in cases:
         sl = wl.make_seq_lens(b, nominal, Q_LEN)
         tr = wl.decode_traffic(sl, Q_LEN, HEADS)
         need = sum(wl.pages_needed(s) for s in sl)
         slots = rotation_slots(tr.pages_bytes, l2, graph_calls)
-        plans.append((b, nominal, sl, tr, need, slots))
+        plans.append((b, nominal, wide[0] if wide else 0, sl, tr, need, slots))
         total = max(total, need * slots)
     log(f"page pool: {total} pages ({total * 9216 / 1e9:.2f} GB), L2 {l2 / 1e6:.0f} MB")
     pool = PagePool(total, dev, seed=11, log=log)
     torch.cuda.synchronize(dev)
     log(f"pool filled ({pool.fill_backend})")
     recs = []
-    for b, nominal, sl, tr, need, slots in plans:
-        case = f"b{b}_s{nominal}"
-        width = max(wl.pages_needed(s) for s in sl)
+    for b, nominal, wide, sl, tr, need, slots in plans:
+        case = f"b{b}_s{nominal}" + (f"_w{wide}" if wide else "")
+        width = wide or max(wl.pages_needed(s) for s in sl)
         tables = pool.block_tables(sl, slots, width)
         seq = torch.tensor(sl, dtype=torch.int32, device=dev)
         q = random_index_q(b * Q_LEN, HEADS, dev, torch.Generator(device=dev).manual_seed(b))
@@ -274,7 +276,9 @@ def main(argv=None) -> int:
     ap.add_argument("--graph-calls", type=int, default=24)
     ap.add_argument("--variants", default=None, help="comma-separated subset of variants")
     ap.add_argument("--cases", default=None,
-                    help="comma-separated BATCH:NOMINAL cases (default: the module's CASES)")
+                    help="comma-separated BATCH:NOMINAL[:WIDTH] cases (WIDTH: block-table "
+                         "pages, default the contexts' own; default cases: the module's "
+                         "CASES)")
     ap.add_argument("--q-len", type=int, default=None,
                     help=f"query tokens per request Q (default {Q_LEN}), every step")
     ap.add_argument("--heads", type=int, default=None,
@@ -299,8 +303,10 @@ def main(argv=None) -> int:
     if args.cases:
         try:
             cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
+            if any(len(c) not in (2, 3) for c in cases):
+                raise ValueError(args.cases)
         except ValueError:
-            ap.error(f"--cases: expected BATCH:NOMINAL,..., got {args.cases!r}")
+            ap.error(f"--cases: expected BATCH:NOMINAL[:WIDTH],..., got {args.cases!r}")
     copy = copy_ceiling(dev)["gbps"]
     log(f"device copy: {copy:.0f} GB/s")
     checks = check_decode(dev, variants)
