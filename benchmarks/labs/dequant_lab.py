@@ -16,8 +16,9 @@ Steps (progress is printed and flushed as it goes; a compact table comes last):
    (SPEC 9 tie-aware, at the runner's b); for the page-score modes the observed error bits
    of the score kernel alone.
 2. Timing: decode variants on b128 x 100K, b8 x 100K, b32 x 10K, b1 x 32K, b8 x 4K and
-   b128 x 1K (Q=8, H=4; ``--cases B:NOMINAL[:WIDTH]``: WIDTH pages of block table, as an
-   engine sizes it for ``max_model_len``, else the contexts' own), cold cache (a page pool far larger than L2, block tables rotated
+   b128 x 1K (Q=8, H=4; ``--cases BATCH:LEN[:WIDTH]``: LEN the nominal context tokens per
+   request, WIDTH pages of block table as an engine sizes it for ``max_model_len``, else the
+   contexts' own), cold cache (a page pool far larger than L2, block tables rotated
    across >= 2x L2 of traffic, ``benchmarks.pool`` / ``timing``), CUDA-graph replays: us/call,
    GB/s of necessary traffic (``workloads.decode_traffic``) and % of the device-to-device copy
    measured in this run. A variant whose plan equals an earlier one's on a case is not timed
@@ -276,9 +277,9 @@ def main(argv=None) -> int:
     ap.add_argument("--graph-calls", type=int, default=24)
     ap.add_argument("--variants", default=None, help="comma-separated subset of variants")
     ap.add_argument("--cases", default=None,
-                    help="comma-separated BATCH:NOMINAL[:WIDTH] cases (WIDTH: block-table "
-                         "pages, default the contexts' own; default cases: the module's "
-                         "CASES)")
+                    help="comma-separated BATCH:LEN[:WIDTH] cases (LEN: nominal context "
+                         "tokens per request; WIDTH: block-table pages, default the contexts' "
+                         "own; default cases: the module's CASES)")
     ap.add_argument("--q-len", type=int, default=None,
                     help=f"query tokens per request Q (default {Q_LEN}), every step")
     ap.add_argument("--heads", type=int, default=None,
@@ -306,7 +307,7 @@ def main(argv=None) -> int:
             if any(len(c) not in (2, 3) for c in cases):
                 raise ValueError(args.cases)
         except ValueError:
-            ap.error(f"--cases: expected BATCH:NOMINAL[:WIDTH],..., got {args.cases!r}")
+            ap.error(f"--cases: expected BATCH:LEN[:WIDTH],..., got {args.cases!r}")
     copy = copy_ceiling(dev)["gbps"]
     log(f"device copy: {copy:.0f} GB/s")
     checks = check_decode(dev, variants)
